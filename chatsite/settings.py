@@ -1,0 +1,226 @@
+"""Settings, read from the environment.
+
+Every variable is listed with its default in docs/configuration.md. Unset service URLs
+select the embedded defaults (SQLite, in-memory stream log and channel layer, simulated
+engine) so the product runs on a fresh machine with nothing else installed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("VAR_DIR", BASE_DIR / "var"))
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value not in (None, "") else default
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = os.environ.get("SECRET_KEY") or "insecure-dev-key-set-SECRET_KEY-in-production"
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_prometheus",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "channels",
+    "streaming",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "chatsite.urls"
+ASGI_APPLICATION = "chatsite.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "frontend" / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=600)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": VAR_DIR / "db.sqlite3",
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": "chat:layer"},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", BASE_DIR / "staticfiles"))
+STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
+WHITENOISE_USE_FINDERS = True
+
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 1024 * 1024)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "streaming.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Streaming chat API",
+    "DESCRIPTION": "Conversations, messages and their streams. See docs/protocol.md.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- the engine -----------------------------------------------------------------------
+ENGINE_URL = os.environ.get("ENGINE_URL", "")
+ENGINE_MODEL = os.environ.get("ENGINE_MODEL", "")
+ENGINE_API_KEY = os.environ.get("ENGINE_API_KEY", "") or None
+ENGINE_CONNECT_TIMEOUT = env_float("ENGINE_CONNECT_TIMEOUT", 5.0)
+
+# --- streaming knobs (docs/configuration.md explains how they fit together) -----------
+# No token for this long ends a segment as `stalled`; also the engine client's read timeout.
+STREAM_STALL_TIMEOUT = env_float("STREAM_STALL_TIMEOUT", 30.0)
+# How long a generation keeps running after its last reader left (0 = abort at once).
+STREAM_ABANDON_GRACE = env_float("ABANDON_GRACE_SECONDS", 10.0)
+# SSE `: ping` comments / WS heartbeats while nothing else is sent; below every idle timeout.
+STREAM_PING_INTERVAL = env_float("STREAM_PING_INTERVAL", 15.0)
+# SSE `retry:` hint for EventSource reconnects, in milliseconds.
+STREAM_RETRY_MS = env_int("STREAM_RETRY_MS", 1000)
+# Write-behind persistence of partial content.
+STREAM_FLUSH_INTERVAL = env_float("STREAM_FLUSH_INTERVAL", 1.0)
+# Readers write at most one frame per interval (merge-on-read), in seconds.
+STREAM_MIN_WRITE_INTERVAL = env_float("STREAM_MIN_WRITE_INTERVAL", 0.02)
+# Bytes a connection may have queued in the server's send buffer before we stop writing.
+STREAM_SEND_BUFFER_LIMIT = env_int("STREAM_SEND_BUFFER_LIMIT", 64 * 1024)
+# How long a connection may stay over that limit before it is closed (client resumes).
+STREAM_SLOW_CONSUMER_TIMEOUT = env_float("STREAM_SLOW_CONSUMER_TIMEOUT", 30.0)
+# How long finished message logs stay in Redis for resumes.
+STREAM_LOG_TTL = env_int("STREAM_LOG_TTL", 24 * 3600)
+# Process heartbeat period and how long without one before the reaper steps in.
+STREAM_HEARTBEAT_INTERVAL = env_float("STREAM_HEARTBEAT_INTERVAL", 2.0)
+STREAM_HEARTBEAT_TIMEOUT = env_float("STREAM_HEARTBEAT_TIMEOUT", 10.0)
+STREAM_AUTO_CONTINUE_INTERRUPTED = env_bool("STREAM_AUTO_CONTINUE_INTERRUPTED", False)
+# On SIGTERM, how long running generations may take to finish before being interrupted.
+STREAM_SHUTDOWN_DEADLINE = env_float("STREAM_SHUTDOWN_DEADLINE", 20.0)
+# How long the final record is retried while the database is unreachable.
+STREAM_PERSIST_RETRY_SECONDS = env_float("STREAM_PERSIST_RETRY_SECONDS", 120.0)
+
+# --- limits -----------------------------------------------------------------------------
+MAX_TOKENS_CAP = env_int("MAX_TOKENS_CAP", 4096)
+DEFAULT_MAX_TOKENS = env_int("DEFAULT_MAX_TOKENS", 1024)
+MAX_MESSAGE_CHARS = env_int("MAX_MESSAGE_CHARS", 32000)
+MAX_STOP_SEQUENCES = env_int("MAX_STOP_SEQUENCES", 8)
+MAX_CONCURRENT_GENERATIONS_PER_USER = env_int("MAX_CONCURRENT_GENERATIONS_PER_USER", 4)
+
+# --- observability -------------------------------------------------------------------
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "text")  # "text" or "json"
+LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"stream_context": {"()": "streaming.logcontext.StreamContextFilter"}},
+    "formatters": {
+        "text": {
+            "format": "%(asctime)s %(levelname)s %(name)s [%(message_id)s %(request_id)s] "
+            "%(message)s"
+        },
+        "json": {"()": "streaming.logcontext.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": LOG_FORMAT if LOG_FORMAT in {"text", "json"} else "text",
+            "filters": ["stream_context"],
+        }
+    },
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django": {"level": "INFO"}, "daphne": {"level": "WARNING"}},
+}

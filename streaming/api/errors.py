@@ -1,0 +1,68 @@
+"""DRF exception handler producing the one error shape (``streaming.errors``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_handler
+
+from streaming.errors import error_body
+from streaming.services import ServiceError
+
+CODES = {
+    400: "invalid",
+    401: "not_authenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "too_large",
+    415: "unsupported_media_type",
+    429: "throttled",
+}
+
+
+def _first_field_error(detail: Any, prefix: str = "") -> tuple[str | None, str]:
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = key if key != "non_field_errors" else ""
+            field = f"{prefix}.{name}" if prefix and name else (name or prefix)
+            found, message = _first_field_error(value, field)
+            return found or field or None, message
+    if isinstance(detail, list) and detail:
+        return _first_field_error(detail[0], prefix)
+    return (prefix or None), str(detail)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, ServiceError):
+        headers = {}
+        if hasattr(exc, "retry_after"):
+            headers["Retry-After"] = str(exc.retry_after)
+        return Response(
+            error_body(exc.status, exc.code, exc.message, exc.field),
+            status=exc.status,
+            headers=headers,
+        )
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound("not found")
+    response = drf_handler(exc, context)
+    if response is None:
+        return None
+    code = CODES.get(response.status_code, "error")
+    field = None
+    if isinstance(exc, exceptions.ValidationError):
+        field, message = _first_field_error(exc.detail)
+    elif isinstance(exc, exceptions.APIException):
+        message = str(exc.detail)
+        if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+            response.status_code = status.HTTP_401_UNAUTHORIZED
+            code = "not_authenticated"
+    else:
+        message = str(exc)
+    response.data = error_body(response.status_code, code, message, field)
+    return response

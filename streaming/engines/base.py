@@ -1,0 +1,115 @@
+"""The engine protocol: what the generation service needs from a model server.
+
+An engine turns one request into an async iterator of `EngineChunk`s. Cancellation is
+the iterator being closed (``aclose()``) or its task cancelled: every engine must abort the
+work upstream when that happens (for vLLM that means closing the HTTP stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTurn:
+    role: str
+    content: str
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    """One generation run.
+
+    ``continue_final`` means the last turn is a partial assistant answer the model must
+    extend mid-sentence (vLLM: ``continue_final_message``/``add_generation_prompt: false``).
+    """
+
+    messages: list[ChatTurn]
+    request_id: str
+    model: str = ""
+    max_tokens: int = 512
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    continue_final: bool = False
+    simulation: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(slots=True)
+class EngineChunk:
+    """A piece of output. Engines that speak text set ``text``; engines that produce raw
+    token bytes (byte-level BPE) set ``token_bytes`` and leave decoding to the service.
+
+    ``tokens`` is how many model tokens this chunk carries (0 for bookkeeping chunks).
+    ``finish_reason`` is set on the last chunk only. ``emitted_at`` is the engine's
+    wall-clock stamp for the chunk (simulator in bench mode), used to measure added latency.
+    """
+
+    text: str = ""
+    token_bytes: bytes | None = None
+    tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    usage: Usage | None = None
+    emitted_at: float | None = None
+
+
+class EngineError(Exception):
+    """The engine failed: before the stream (HTTP status) or inside it (in-band error).
+
+    ``type`` and ``code`` follow OpenAI's error object so they can be passed on unchanged.
+    """
+
+    def __init__(self, message: str, type: str = "EngineError", code: int | str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.type = type
+        self.code = code
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"message": self.message, "type": self.type, "code": self.code}
+
+
+class EngineUnavailable(EngineError):
+    """The engine could not be reached at all (connection refused, DNS, connect timeout)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, type="EngineUnavailable", code="engine_unavailable")
+
+
+class EngineTimeout(EngineError):
+    """The engine went silent: no byte within the read (stall) timeout.
+
+    Distinct from other errors because the service records it as ``stalled``, not ``error``.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message, type="EngineTimeout", code="engine_timeout")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    id: str
+    owned_by: str
+    max_model_len: int | None = None
+
+
+class Engine(Protocol):
+    name: str
+    model: str
+    accepts_simulation: bool
+
+    def stream(self, request: EngineRequest) -> AsyncIterator[EngineChunk]: ...
+
+    async def models(self) -> list[ModelInfo]: ...
+
+    async def health(self) -> bool: ...

@@ -1,0 +1,347 @@
+"""The simulated engine. IT IS A SIMULATOR, NOT A LANGUAGE MODEL.
+
+It never reads the question: it replays canned text from a built-in corpus, picked by a hash
+of the conversation and the seed. It exists so the whole streaming path (detokenization,
+stop strings, transports, resume, persistence, metrics) can be developed, tested, demoed and
+benchmarked without a GPU, with output that is hard in the ways real output is hard:
+
+- it speaks token *bytes*, like a byte-level BPE engine, in chunks of 1-4 bytes that regularly
+  split Japanese, Arabic, Devanagari, Chinese and emoji (ZWJ families, flags, skin tones);
+- it has realistic timing: a time to first token, then a steady rate with small jitter,
+  scheduled against a monotonic start so it does not drift;
+- ``request.simulation`` switches faults on per request (error mid-stream, stall, slow start)
+  and can make it produce an exact text (see `validate_simulation`).
+
+Like every engine it leaves stop strings to the generation service.
+"""
+
+# The corpus is real CJK text, whose punctuation is fullwidth by design.
+# ruff: noqa: RUF001
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import json
+import math
+import random
+import re
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from streaming.engines.base import EngineChunk, EngineError, EngineRequest, ModelInfo, Usage
+
+SEPARATOR = "\n\n"
+
+# Each entry is one self-contained answer of roughly 120-400 tokens.
+CORPUS: tuple[str, ...] = (
+    "This answer comes from the simulated engine: a deterministic stand-in for a language "
+    "model, built so that streaming can be developed and tested without a GPU. It is not a "
+    "model and it does not read your question.\n\n"
+    "Streaming a response well is mostly about the edges. The first token should arrive "
+    "quickly, because time to first token is what people feel as responsiveness. After that, "
+    "a steady rhythm matters more than raw speed: a stream that stutters feels slower than one "
+    "that is evenly paced, even when both finish at the same moment.\n\n"
+    "The other edges are the endings. A response can finish naturally, run out of its token "
+    "budget, hit a stop sequence, be cancelled by the reader, or fail halfway through. Each of "
+    "those should look different to the person reading, and each should be recorded, so that "
+    "a cut-off answer can be continued instead of regenerated from scratch.",
+    "Here is a checklist for shipping a streaming endpoint:\n\n"
+    "1. Measure time to first token at the client, not at the server.\n"
+    "2. Send a heartbeat comment every fifteen seconds so proxies keep the connection open.\n"
+    "3. Disable response buffering in every proxy between the model and the browser.\n"
+    "4. Hold back partial stop sequences until they either match or fail.\n"
+    "5. Never emit half of a multi-byte character.\n\n"
+    "And a few things that are easy to forget:\n\n"
+    "- Give every event an id, so a dropped connection can resume where it left off.\n"
+    "- Record why each response ended: complete, truncated, stopped, cancelled or failed.\n"
+    "- Bound the memory a slow reader can pin on the server.\n"
+    "- Test with Japanese, Arabic and emoji, not only with English.",
+    "Here is a small incremental decoder in Python:\n\n"
+    "```python\n"
+    "import codecs\n\n\n"
+    "class Detokenizer:\n"
+    '    """Turn token byte strings into text without splitting characters."""\n\n'
+    "    def __init__(self) -> None:\n"
+    '        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")\n\n'
+    "    def feed(self, token: bytes) -> str:\n"
+    "        return self._decoder.decode(token)\n\n"
+    "    def flush(self) -> str:\n"
+    '        return self._decoder.decode(b"", final=True)\n\n\n'
+    'if __name__ == "__main__":\n'
+    "    detok = Detokenizer()\n"
+    '    parts = [b"caf", b"\\xc3", b"\\xa9"]\n'
+    '    print("".join(detok.feed(p) for p in parts) + detok.flush())\n'
+    "```\n\n"
+    "The decoder keeps an incomplete sequence in its buffer until the next token completes "
+    "it, so the reader never sees a replacement character.",
+    "{\n"
+    '  "engine": "simulated",\n'
+    '  "note": "This JSON comes from a simulator, not from a language model.",\n'
+    '  "stream": {"ttft_ms": 200, "tokens_per_second": 40, "jitter": 0.2},\n'
+    '  "greetings": {\n'
+    '    "ja": "こんにちは、世界",\n'
+    '    "ar": "مرحبا بالعالم",\n'
+    '    "hi": "नमस्ते दुनिया",\n'
+    '    "zh": "你好，世界",\n'
+    '    "emoji": "👋🏽🌍"\n'
+    "  },\n"
+    '  "endings": ["complete", "truncated", "stopped", "cancelled", "error", "stalled"],\n'
+    '  "checks": [\n'
+    '    {"name": "utf8_boundaries", "passed": true},\n'
+    '    {"name": "stop_hold_back", "passed": true},\n'
+    '    {"name": "resume_after_drop", "passed": true, "replayed_events": 17}\n'
+    "  ],\n"
+    '  "ratio": 1.04,\n'
+    '  "next": null\n'
+    "}",
+    "こんにちは！これはシミュレーターによる応答で、本物の言語モデルではありません。\n\n"
+    "ストリーミングでは、文字が届いた順にすぐ画面へ表示されます。日本語の文字はUTF-8で"
+    "三バイトになるため、トークンの境界で一文字が分割されることがよくあります。そのため、"
+    "受信側では不完全なバイト列を保持し、文字が完成してから表示する必要があります。\n\n"
+    "句読点や括弧「」も同じように扱われます。東京、大阪、京都を巡る旅行の計画を立てるときも、"
+    "返答は少しずつ流れてきます。",
+    "مرحبا! هذا رد من محرك محاكاة، وليس من نموذج لغوي حقيقي.\n\n"
+    "يُكتب النص العربي من اليمين إلى اليسار، وتتصل الحروف ببعضها حسب موقعها في الكلمة. "
+    "عند البث، تصل الكلمات جزءًا بعد جزء، وقد ينقسم الحرف الواحد بين رمزين لأن كل حرف "
+    "عربي يحتاج إلى بايتين في ترميز UTF-8.\n\n"
+    "الأرقام مثل 2024 تُكتب من اليسار إلى اليمين حتى داخل الجملة العربية، وهذا اختبار جيد "
+    "لعرض النص ثنائي الاتجاه.",
+    "नमस्ते! यह एक सिम्युलेटर का उत्तर है, असली भाषा मॉडल का नहीं।\n\n"
+    "हिंदी देवनागरी लिपि में लिखी जाती है। इसमें मात्राएँ और हलंत जैसे संयोजक चिह्न अक्षरों "
+    "के साथ जुड़ते हैं, जैसे क्षत्रिय, द्वितीय, श्रृंखला और प्रश्न। स्ट्रीमिंग के समय कोई "
+    "मात्रा अलग टोकन में आ सकती है, इसलिए पाठ को बाइट के स्तर पर सही ढंग से जोड़ना "
+    "आवश्यक है।\n\n"
+    "भारत में बाईस अनुसूचित भाषाएँ हैं, और कई लोग रोज़ दो या तीन भाषाएँ बोलते हैं।",
+    "你好！这是模拟引擎生成的回答，不是真正的语言模型。\n\n"
+    "流式输出的意思是：模型每生成一小段文字，就立刻发送给浏览器，而不是等整段回答写完。"
+    "汉字在 UTF-8 中通常占三个字节，所以一个字常常会被拆到两个词元里。接收端必须先把"
+    "不完整的字节留住，等字符完整后再显示，否则屏幕上会出现乱码。\n\n"
+    "春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。",
+    "Emoji are where streaming text breaks most visibly 😅. A family like "
+    "👨\u200d👩\u200d👧\u200d👦 is seven code points held together by zero-width joiners; "
+    "split it carelessly and the reader sees four separate people for a moment.\n\n"
+    "Flags are pairs of regional indicators: 🇯🇵 🇮🇳 🇧🇷 🇪🇬 🇺🇦 🇨🇦. Skin tones modify the "
+    "emoji before them: 👋🏽 👍🏿 🙌🏻 🧑🏾\u200d💻 👩🏼\u200d🔬.\n\n"
+    "Some sequences combine everything: 🏳\ufe0f\u200d🌈 ❤\ufe0f\u200d🔥 "
+    "👩🏽\u200d❤\ufe0f\u200d💋\u200d👨🏻 🧑\u200d🤝\u200d🧑. Every one of them should "
+    "appear whole, never as a broken box or a stray joiner 🎉.",
+)
+
+_PRETOKEN = re.compile(rb" ?[A-Za-z]+| ?[0-9]{1,3}| ?[\x80-\xff]+|\s+|[^\sA-Za-z0-9\x80-\xff]+")
+_FLOAT_KEYS = {"ttft_ms": False, "slow_start_ms": False, "tokens_per_second": True}  # True: > 0
+_INT_KEYS = {"length": 1, "error_after_tokens": 0, "stall_after_tokens": 0, "seed": None}
+_KNOWN_KEYS = (*_FLOAT_KEYS, *_INT_KEYS, "text")
+
+
+def validate_simulation(params: dict[str, Any]) -> dict[str, Any]:
+    """Check ``request.simulation`` and return a normalised copy; ValueError names the key.
+
+    Keys: ``ttft_ms`` / ``slow_start_ms`` (number >= 0, added together before the first
+    token), ``tokens_per_second`` (number > 0), ``length`` (int >= 1: tokens to produce,
+    continuing the source text as needed), ``text`` (exact text to produce),
+    ``error_after_tokens`` / ``stall_after_tokens`` (int >= 0: fail / go silent instead of
+    producing that token; no effect if the answer is shorter), ``seed`` (int).
+    """
+    if not isinstance(params, dict):
+        raise ValueError("simulation: must be an object")
+    clean: dict[str, Any] = {}
+    for key, value in params.items():
+        if key in _FLOAT_KEYS:
+            positive = _FLOAT_KEYS[key]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"simulation.{key}: must be a number")
+            if not math.isfinite(value) or value < 0 or (positive and value == 0):
+                bound = "> 0" if positive else ">= 0"
+                raise ValueError(f"simulation.{key}: must be a finite number {bound}")
+            clean[key] = float(value)
+        elif key in _INT_KEYS:
+            low = _INT_KEYS[key]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"simulation.{key}: must be an integer")
+            if low is not None and value < low:
+                raise ValueError(f"simulation.{key}: must be >= {low}")
+            clean[key] = value
+        elif key == "text":
+            if not isinstance(value, str):
+                raise ValueError("simulation.text: must be a string")
+            clean[key] = value
+        else:
+            raise ValueError(
+                f"simulation.{key}: unknown key (known: {', '.join(sorted(_KNOWN_KEYS))})"
+            )
+    return clean
+
+
+def _tokenize(pieces: Iterable[str], rng: random.Random) -> Iterator[bytes]:
+    """Split text into byte tokens the way a byte-level BPE roughly would.
+
+    English words (with their leading space) stay whole up to 7 bytes; everything non-ASCII
+    is cut into 1-4 byte chunks without regard to character boundaries, which is exactly the
+    case a detokenizer must survive.
+    """
+    for piece in pieces:
+        for word in _PRETOKEN.findall(piece.encode()):
+            if word[-1] < 0x80 and len(word) <= 7:
+                yield word
+                continue
+            low, high = (1, 4) if word[-1] >= 0x80 else (3, 6)
+            start = 0
+            while start < len(word):
+                size = low + int(rng.random() * (high - low + 1))
+                yield word[start : start + size]
+                start += size
+
+
+def _corpus_from(doc: int, offset: int) -> Iterator[tuple[str, bool]]:
+    """The endless corpus (documents joined by SEPARATOR, cycling) from ``offset`` chars after
+    the start of document ``doc``, as (piece, piece_is_a_document) pairs."""
+    cycle = sum(len(text) + len(SEPARATOR) for text in CORPUS)
+    offset %= cycle
+    for index in itertools.count(doc):
+        for piece, is_doc in ((CORPUS[index % len(CORPUS)], True), (SEPARATOR, False)):
+            if offset >= len(piece):
+                offset -= len(piece)
+                continue
+            yield piece[offset:], is_doc
+            offset = 0
+
+
+def _through_first_document(pieces: Iterator[tuple[str, bool]]) -> Iterator[str]:
+    for piece, is_doc in pieces:
+        yield piece
+        if is_doc:
+            return
+
+
+@dataclass(frozen=True, slots=True)
+class _Script:
+    """Everything a run needs, decided before the first await so a run is reproducible."""
+
+    tokens: Iterator[bytes]
+    first_delay: float  # seconds from start to the first token
+    gap: float  # seconds between tokens
+    jitter: Iterator[float]  # per token, as a fraction of ``gap``
+    max_tokens: int
+    prompt_tokens: int
+    error_after: int | None
+    stall_after: int | None
+
+
+class SimulatedEngine:
+    """A SIMULATOR, NOT A MODEL: deterministic canned output with realistic streaming timing.
+
+    ``ttft_ms`` and ``tokens_per_second`` are the defaults for requests that do not override
+    them in ``request.simulation``; ``jitter`` is the spread of each inter-token gap as a
+    fraction of the gap (the schedule itself never drifts).
+    """
+
+    name = "simulated"
+    model = "simulated"
+    accepts_simulation = True
+
+    def __init__(
+        self, ttft_ms: float = 200.0, tokens_per_second: float = 40.0, jitter: float = 0.2
+    ) -> None:
+        if ttft_ms < 0 or tokens_per_second <= 0 or not 0 <= jitter < 1:
+            raise ValueError("need ttft_ms >= 0, tokens_per_second > 0 and 0 <= jitter < 1")
+        self.ttft_ms = ttft_ms
+        self.tokens_per_second = tokens_per_second
+        self.jitter = jitter
+
+    def stream(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """Validate now (ValueError), then return the stream; closing it stops at once."""
+        return self._run(self._script(request, validate_simulation(request.simulation)))
+
+    async def models(self) -> list[ModelInfo]:
+        return [ModelInfo("simulated", "simulator")]
+
+    async def health(self) -> bool:
+        return True
+
+    def _script(self, request: EngineRequest, sim: dict[str, Any]) -> _Script:
+        turns = request.messages
+        partial = ""
+        if request.continue_final and turns and turns[-1].role == "assistant":
+            # Hash the conversation the partial answer was generated for, so the same
+            # document is picked and the continuation picks up where the answer stopped.
+            partial, turns = turns[-1].content, turns[:-1]
+        seed = sim.get("seed", request.seed if request.seed is not None else 0)
+        prompt = json.dumps([[t.role, t.content] for t in turns], ensure_ascii=False)
+        digest = hashlib.sha256(f"{prompt}\x00{seed}".encode()).digest()
+        key = int.from_bytes(digest[:8], "big")
+
+        pieces: Iterable[str]
+        if "text" in sim:
+            text = sim["text"]
+            if partial and text.startswith(partial):
+                text = text[len(partial) :]
+            pieces = itertools.repeat(text) if "length" in sim and text else (text,)
+        else:
+            corpus = _corpus_from(key % len(CORPUS), len(partial))
+            if "length" in sim:
+                pieces = (piece for piece, _ in corpus)
+            else:
+                pieces = _through_first_document(corpus)
+        tokens = _tokenize(pieces, random.Random(key))
+        if "length" in sim:
+            tokens = itertools.islice(tokens, sim["length"])
+
+        timing = random.Random(key ^ 0x5DEECE66D)
+        spread = self.jitter
+        ttft_ms = sim.get("ttft_ms", self.ttft_ms) + sim.get("slow_start_ms", 0.0)
+        prompt_bytes = sum(len(turn.content.encode()) for turn in request.messages)
+        return _Script(
+            tokens=tokens,
+            first_delay=ttft_ms / 1000,
+            gap=1 / sim.get("tokens_per_second", self.tokens_per_second),
+            jitter=((timing.random() - 0.5) * spread for _ in itertools.count()),
+            max_tokens=request.max_tokens,
+            prompt_tokens=prompt_bytes // 4,
+            error_after=sim.get("error_after_tokens"),
+            stall_after=sim.get("stall_after_tokens"),
+        )
+
+    async def _run(self, script: _Script) -> AsyncIterator[EngineChunk]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        tokens = script.tokens
+        upcoming = next(tokens, None)
+        emitted = 0
+        while True:
+            # None only when there is nothing to emit at all (empty text, zero budget): the
+            # run then ends with one bookkeeping chunk at the time the first token was due.
+            token = upcoming if emitted < script.max_tokens else None
+            # Absolute schedule: lateness never accumulates, a slow consumer gets a burst.
+            due = start + script.first_delay + script.gap * emitted
+            if emitted:
+                due += script.gap * next(script.jitter)
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if emitted == script.stall_after:
+                await asyncio.Future()  # silent until the consumer gives up and cancels
+            if emitted == script.error_after:
+                raise EngineError("simulated engine failure", type="InternalServerError", code=500)
+            if token is not None:
+                emitted += 1
+                upcoming = next(tokens, None)
+            if upcoming is None or emitted >= script.max_tokens:
+                finish = "stop" if upcoming is None else "length"
+                yield self._last_chunk(token, finish, script.prompt_tokens, emitted)
+                return
+            yield EngineChunk(token_bytes=token, tokens=1, emitted_at=time.time())
+
+    @staticmethod
+    def _last_chunk(token: bytes | None, finish: str, prompt: int, emitted: int) -> EngineChunk:
+        return EngineChunk(
+            token_bytes=token,
+            tokens=0 if token is None else 1,
+            finish_reason=finish,
+            stop_reason=None,
+            usage=Usage(prompt_tokens=prompt, completion_tokens=emitted),
+            emitted_at=time.time(),
+        )

@@ -1,0 +1,85 @@
+"""The event schema shared by every transport, and its SSE and WebSocket framings.
+
+An event is a plain dict ``{"seq": N, "type": ..., ...}``; ``seq`` increases per message
+across all of its segments, so a reader's cursor is one integer on every transport.
+Readers merge consecutive deltas before writing (``merge``): a slow or busy reader sends
+fewer, larger frames and never falls behind the log by more than one write.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+Event = dict[str, Any]
+
+START = "start"
+DELTA = "delta"
+ERROR = "error"
+DONE = "done"
+TYPES = frozenset({START, DELTA, ERROR, DONE})
+
+
+def start(seq: int, *, message_id: str, segment: int, model: str) -> Event:
+    return {"seq": seq, "type": START, "message_id": message_id, "segment": segment, "model": model}
+
+
+def delta(seq: int, text: str, emitted_at: float | None = None) -> Event:
+    event: Event = {"seq": seq, "type": DELTA, "text": text}
+    if emitted_at is not None:
+        event["t"] = emitted_at
+    return event
+
+
+def error(seq: int, *, message: str, type: str, code: Any = None) -> Event:
+    return {"seq": seq, "type": ERROR, "error": {"message": message, "type": type, "code": code}}
+
+
+def done(seq: int, *, segment: int, termination: dict[str, Any]) -> Event:
+    return {"seq": seq, "type": DONE, "segment": segment, **termination}
+
+
+def merge(events: list[Event]) -> list[Event]:
+    """Collapse runs of consecutive deltas into one delta carrying the last seq.
+
+    The merged delta keeps the *earliest* emit stamp so latency measurements stay honest.
+    """
+    merged: list[Event] = []
+    for event in events:
+        if event["type"] == DELTA and merged and merged[-1]["type"] == DELTA:
+            last = merged[-1]
+            combined: Event = {
+                "seq": event["seq"],
+                "type": DELTA,
+                "text": last["text"] + event["text"],
+            }
+            if "t" in last:
+                combined["t"] = last["t"]
+            merged[-1] = combined
+        else:
+            merged.append(event)
+    return merged
+
+
+def dumps(event: Event) -> str:
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse_frame(event: Event) -> bytes:
+    """``id`` / ``event`` / ``data`` lines; the payload is one line of compact JSON."""
+    return f"id: {event['seq']}\nevent: {event['type']}\ndata: {dumps(event)}\n\n".encode()
+
+
+def sse_frames(events: list[Event]) -> bytes:
+    return b"".join(sse_frame(e) for e in events)
+
+
+SSE_PING = b": ping\n\n"
+
+
+def sse_retry(ms: int) -> bytes:
+    return f"retry: {ms}\n\n".encode()
+
+
+def ws_frame(event: Event, message_id: str) -> str:
+    return dumps({**event, "message_id": message_id})

@@ -1,0 +1,365 @@
+"""The generation service: the one code path that runs a generation for every transport.
+
+prompt -> engine -> incremental UTF-8 detokenisation -> stop-sequence hold-back ->
+event log (+ local fan-out) -> write-behind persistence -> final record + ``done``.
+
+A generation is an asyncio task of the process that accepted the request. It never runs
+inside a consumer handler, so a reader's disconnect is seen at once and never blocks it.
+Cancellation (user Stop, every reader gone, shutdown) is a task cancel with a reason; the
+engine stream is closed on the way out, which is how vLLM learns to abort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from streaming import events, metrics
+from streaming.detokenize import Detokenizer
+from streaming.engines.base import EngineChunk, EngineError, EngineRequest, EngineUnavailable
+from streaming.logcontext import stream_context
+from streaming.persistence import Partial, finalize_segment
+from streaming.stops import StopFilter
+from streaming.streamlog import SeqConflict
+from streaming.termination import Status, Termination
+
+if TYPE_CHECKING:
+    from streaming.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+# How a cancel reason maps onto the record.
+CANCEL_STATUSES = {
+    "cancelled": Status.CANCELLED,
+    "abandoned": Status.ABANDONED,
+    "interrupted": Status.INTERRUPTED,
+}
+
+
+@dataclass(slots=True)
+class SegmentPlan:
+    """Everything a generation needs, read from the database when the segment was created."""
+
+    message_id: str
+    conversation_id: str
+    user_id: int
+    segment_index: int
+    first_seq: int
+    base_text: str  # the message's content before this segment (Continue)
+    request: EngineRequest
+    abandon_grace: float = field(default_factory=lambda: settings.STREAM_ABANDON_GRACE)
+
+
+class Generation:
+    def __init__(self, plan: SegmentPlan, runtime: Runtime) -> None:
+        self.plan = plan
+        self.runtime = runtime
+        self.message_id = plan.message_id
+        self.seq = plan.first_seq - 1
+        self.parts: list[str] = []
+        self.cancel_reason: str | None = None
+        self.readers_seen = False
+        self.finished = asyncio.Event()
+        self.termination: Termination | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._finalizing = False
+        self._abandon_timer: asyncio.TimerHandle | None = None
+        self._persisted_seq = plan.first_seq - 1
+        self.started_at = time.monotonic()
+
+    # --- control -----------------------------------------------------------------------
+    def start(self) -> None:
+        # A fresh context: the task must not inherit the request's asgiref thread context
+        # (its executor dies with the request, and the task outlives it).
+        self.task = asyncio.create_task(
+            self._run(), name=f"generation:{self.message_id}", context=contextvars.Context()
+        )
+
+    def cancel(self, reason: str) -> bool:
+        """Ask the generation to end with ``reason``; False if it is already ending."""
+        if self._finalizing or self.task is None or self.task.done() or self.cancel_reason:
+            return False
+        self.cancel_reason = reason
+        self.task.cancel()
+        return True
+
+    def readers_changed(self, count: int) -> None:
+        """Called whenever the number of attached readers (all processes) may have changed."""
+        if count > 0:
+            self.readers_seen = True
+            if self._abandon_timer is not None:
+                self._abandon_timer.cancel()
+                self._abandon_timer = None
+            return
+        if not self.readers_seen or self._abandon_timer is not None:
+            return
+        grace = self.plan.abandon_grace
+        if grace <= 0:
+            self.cancel("abandoned")
+            return
+        loop = asyncio.get_running_loop()
+        self._abandon_timer = loop.call_later(grace, self._abandon_due)
+
+    def _abandon_due(self) -> None:
+        self._abandon_timer = None
+        self.runtime.spawn(self._recheck_abandon(), "abandon-check")
+
+    async def _recheck_abandon(self) -> None:
+        count = await self.runtime.presence.count(self.message_id)
+        if count == 0 and self.cancel(Status.ABANDONED.value):
+            metrics.ABANDONS.inc()
+
+    # --- the run ---------------------------------------------------------------------
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def partial(self) -> Partial | None:
+        if self.seq == self._persisted_seq or self._finalizing:
+            return None
+        self._persisted_seq = self.seq
+        return Partial(self.message_id, self.plan.base_text + self.text, self.seq)
+
+    async def _emit(self, batch: list[events.Event]) -> None:
+        await self.runtime.log.append(self.message_id, batch)
+        self.runtime.hub.publish(self.message_id, batch)
+
+    def _next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    async def _run(self) -> None:
+        plan = self.plan
+        rt = self.runtime
+        with stream_context(plan.message_id, plan.request.request_id):
+            rt.hub.open_local(plan.message_id, plan.first_seq)
+            metrics.ACTIVE_GENERATIONS.inc()
+            try:
+                termination = await self._generate()
+            finally:
+                metrics.ACTIVE_GENERATIONS.dec()
+            await self._finish(termination)
+
+    async def _generate(self) -> Termination:
+        plan = self.plan
+        request = plan.request
+        engine = self.runtime.engine
+        detok = Detokenizer()
+        stops = StopFilter(request.stop)
+        termination = Termination(status=Status.COMPLETE.value, worker=self.runtime.worker_id)
+        stream = engine.stream(request)
+        try:
+            await self._emit(
+                [
+                    events.start(
+                        self._next_seq(),
+                        message_id=plan.message_id,
+                        segment=plan.segment_index,
+                        model=request.model or engine.model,
+                    )
+                ]
+            )
+            if await self._pump(stream, detok, stops, termination):
+                return termination  # a stop string matched: nothing held back is shown
+        except TimeoutError:
+            termination.status = Status.STALLED.value
+            termination.error_type = "Stalled"
+            termination.error_message = f"no token for {settings.STREAM_STALL_TIMEOUT:g} s"
+        except EngineError as exc:
+            stalled = exc.type == "EngineTimeout"
+            termination.status = Status.STALLED.value if stalled else Status.ERROR.value
+            termination.error_type = exc.type
+            termination.error_message = exc.message
+            termination.error_code = None if exc.code is None else str(exc.code)
+            metrics.ENGINE_ERRORS.labels(type=_error_label(exc)).inc()
+            await self._emit_error(exc)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            reason = self.cancel_reason or Status.INTERRUPTED.value
+            termination.status = CANCEL_STATUSES.get(reason, Status.INTERRUPTED).value
+        except Exception as exc:  # a bug or an unexpected failure: still end cleanly
+            log.exception("generation failed")
+            termination.status = Status.ERROR.value
+            termination.error_type = "InternalError"
+            termination.error_message = str(exc) or exc.__class__.__name__
+            await self._emit_error(EngineError(termination.error_message, "InternalError", 500))
+        finally:
+            self._finalizing = True
+            if self._abandon_timer is not None:
+                self._abandon_timer.cancel()
+            # Closing the engine stream aborts the request upstream (vLLM: HTTP close).
+            with contextlib.suppress(Exception):
+                await stream.aclose()
+            termination.duration_ms = (time.monotonic() - self.started_at) * 1000
+        # Ended without a stop match so far: what was held back (a partial character, a
+        # prefix of a stop string) is real output - unless it completes a stop string now.
+        tail, matched = stops.feed(detok.flush())
+        if matched is None:
+            tail += stops.flush()
+            matched = stops.matched
+        if matched is not None and termination.status in (Status.COMPLETE, Status.TRUNCATED):
+            termination.status = Status.STOPPED.value
+            termination.finish_reason = "stop"
+            termination.stop_reason = matched
+        if tail:
+            self.parts.append(tail)
+            with contextlib.suppress(Exception):
+                await self._emit([events.delta(self._next_seq(), tail)])
+        return termination
+
+    async def _pump(
+        self,
+        stream: Any,
+        detok: Detokenizer,
+        stops: StopFilter,
+        termination: Termination,
+    ) -> bool:
+        """Move engine output to the log until the engine ends; True on a stop match."""
+        stall = settings.STREAM_STALL_TIMEOUT
+        completion_tokens = 0
+        first_token = True
+        while True:
+            try:
+                async with asyncio.timeout(stall):
+                    chunk: EngineChunk = await anext(stream)
+            except StopAsyncIteration:
+                return False
+            if chunk.usage is not None:
+                termination.prompt_tokens = chunk.usage.prompt_tokens
+                completion_tokens = max(completion_tokens, chunk.usage.completion_tokens)
+                termination.completion_tokens = completion_tokens
+            if chunk.tokens:
+                if first_token:
+                    first_token = False
+                    ttft = time.monotonic() - self.started_at
+                    termination.ttft_ms = ttft * 1000
+                    metrics.ENGINE_TTFT.observe(ttft)
+                if chunk.usage is None:
+                    completion_tokens += chunk.tokens
+                    termination.completion_tokens = completion_tokens
+            text = chunk.text if chunk.token_bytes is None else detok.feed(chunk.token_bytes)
+            if text:
+                shown, matched = stops.feed(text)
+                if shown:
+                    self.parts.append(shown)
+                    await self._emit([events.delta(self._next_seq(), shown, chunk.emitted_at)])
+                if matched is not None:
+                    termination.status = Status.STOPPED.value
+                    termination.finish_reason = "stop"
+                    termination.stop_reason = matched
+                    return True
+            if chunk.finish_reason is not None:
+                # Keep reading: vLLM sends the usage chunk and [DONE] after the reason.
+                self._apply_finish(termination, chunk)
+
+    def _apply_finish(self, termination: Termination, chunk: EngineChunk) -> None:
+        reason = chunk.finish_reason
+        termination.finish_reason = reason
+        if reason == "length":
+            termination.status = Status.TRUNCATED.value
+        elif reason == "stop" and chunk.stop_reason is not None:
+            termination.status = Status.STOPPED.value
+            termination.stop_reason = chunk.stop_reason
+        elif reason in ("abort", "error"):
+            termination.status = Status.ERROR.value
+            termination.error_type = "EngineAborted" if reason == "abort" else "EngineError"
+            termination.error_message = f"the engine ended the request ({reason})"
+        else:
+            termination.status = Status.COMPLETE.value
+
+    async def _emit_error(self, exc: EngineError) -> None:
+        with contextlib.suppress(Exception):
+            await self._emit(
+                [events.error(self._next_seq(), message=exc.message, type=exc.type, code=exc.code)]
+            )
+
+    async def _finish(self, termination: Termination) -> None:
+        plan = self.plan
+        rt = self.runtime
+        text = self.text
+        content = plan.base_text + text
+        termination.inspect_text(content)
+        self.termination = termination
+        done_seq = self._next_seq()
+        owned = await self._persist_final(content, done_seq, termination)
+        try:
+            if owned:
+                done = events.done(
+                    done_seq, segment=plan.segment_index, termination=termination.as_dict()
+                )
+                try:
+                    await rt.log.append(plan.message_id, [done])
+                    rt.hub.publish(plan.message_id, [done])
+                except SeqConflict:
+                    log.warning("terminal event already in the log")
+                with contextlib.suppress(Exception):
+                    await rt.log.finish(plan.message_id)
+                metrics.STREAM_GENERATIONS_ENDED.labels(status=termination.status).inc()
+                log.info(
+                    "generation ended: %s (%d tokens, %d chars)",
+                    termination.status,
+                    termination.completion_tokens,
+                    len(text),
+                )
+        finally:
+            rt.generation_ended(self)
+            self.finished.set()
+
+    async def _persist_final(self, content: str, done_seq: int, termination: Termination) -> bool:
+        """Write the final record, retrying while the database is unreachable."""
+        delay = 0.2
+        deadline = time.monotonic() + settings.STREAM_PERSIST_RETRY_SECONDS
+        while True:
+            try:
+                return await sync_to_async(finalize_segment, thread_sensitive=True)(
+                    message_id=self.plan.message_id,
+                    conversation_id=self.plan.conversation_id,
+                    segment_index=self.plan.segment_index,
+                    content=content,
+                    start_offset=len(self.plan.base_text),
+                    last_seq=done_seq,
+                    termination=termination,
+                )
+            except Exception:
+                if time.monotonic() > deadline:
+                    log.exception("could not persist the final record; the reaper will")
+                    return False
+                log.warning("database unavailable for the final record; retrying")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+
+def _error_label(exc: EngineError) -> str:
+    if isinstance(exc, EngineUnavailable):
+        return "unavailable"
+    return exc.type if exc.type in _KNOWN_ERROR_TYPES else "other"
+
+
+_KNOWN_ERROR_TYPES = frozenset(
+    {
+        "BadRequestError",
+        "NotFoundError",
+        "InternalServerError",
+        "EngineTimeout",
+        "EngineDisconnected",
+        "EngineUnavailable",
+        "Unauthorized",
+    }
+)
+
+
+def launch(plan: SegmentPlan, runtime: Runtime) -> Generation:
+    generation = Generation(plan, runtime)
+    runtime.generation_started(generation)
+    generation.start()
+    return generation

@@ -1,0 +1,217 @@
+"""Process-local fan-out of message events to the readers attached in this process.
+
+A ``Topic`` holds the recent events of one message. When the message is generated in this
+process the generation publishes into it right after each log append, so local readers get
+tokens without a Redis round trip. Otherwise one follower task per message tails the
+stream log and publishes for every local reader of it (one ``XREAD`` per message per
+process, not per reader).
+
+Memory: a topic keeps events only from the slowest attached reader's cursor on (plus a
+short tail for fast resumes); anything older is read back from the log. Readers hold a
+cursor, never a queue, so a reader that falls behind costs nothing here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+
+from streaming.events import DONE, Event
+from streaming.streamlog import StreamLog
+
+# Events kept in a topic beyond what attached readers still need, for quick resumes.
+TAIL_EVENTS = 32
+
+
+class Topic:
+    __slots__ = (
+        "cursors",
+        "ended",
+        "events",
+        "first_seq",
+        "follower",
+        "local",
+        "message_id",
+        "wake",
+    )
+
+    def __init__(self, message_id: str) -> None:
+        self.message_id = message_id
+        self.events: list[Event] = []
+        self.wake = asyncio.Event()
+        self.cursors: dict[int, int] = {}
+        self.local = False  # a generation in this process publishes here
+        self.ended = False  # the newest event is a `done` and no generation runs here
+        self.follower: asyncio.Task[None] | None = None
+        # The seq this topic starts at while it holds no events yet (None: unknown).
+        self.first_seq: int | None = None
+
+    def publish(self, events: list[Event]) -> None:
+        if not events:
+            return
+        if self.events and events[0]["seq"] <= self.events[-1]["seq"]:
+            last = self.events[-1]["seq"]
+            events = [e for e in events if e["seq"] > last]
+            if not events:
+                return
+        self.events.extend(events)
+        self.ended = events[-1]["type"] == DONE and not self.local
+        self._trim()
+        self.wake.set()
+        self.wake = asyncio.Event()
+
+    def covers(self, cursor: int) -> bool:
+        """True when every event after ``cursor`` that exists is (or will be) here."""
+        if self.events:
+            return self.events[0]["seq"] <= cursor + 1
+        return self.first_seq is not None and self.first_seq <= cursor + 1
+
+    def after(self, cursor: int) -> list[Event]:
+        events = self.events
+        if not events or events[-1]["seq"] <= cursor:
+            return []
+        # Readers are usually near the end: scan back instead of bisecting.
+        index = len(events) - 1
+        while index > 0 and events[index - 1]["seq"] > cursor:
+            index -= 1
+        return events[index:]
+
+    def _trim(self) -> None:
+        if len(self.events) <= 2 * TAIL_EVENTS:
+            return
+        keep_from = self.events[-TAIL_EVENTS]["seq"]
+        if self.cursors:
+            keep_from = min(keep_from, min(self.cursors.values()) + 1)
+        drop = 0
+        for event in self.events:
+            if event["seq"] >= keep_from:
+                break
+            drop += 1
+        if drop:
+            del self.events[:drop]
+
+
+class Hub:
+    def __init__(self, log: StreamLog) -> None:
+        self.log = log
+        self.topics: dict[str, Topic] = {}
+        self._ids = itertools.count()
+
+    # --- the generating side --------------------------------------------------------
+    def open_local(self, message_id: str, first_seq: int) -> Topic:
+        topic = self.topics.get(message_id)
+        if topic is None:
+            topic = self.topics[message_id] = Topic(message_id)
+        if topic.follower is not None:
+            topic.follower.cancel()
+            topic.follower = None
+        if not topic.events or topic.events[-1]["seq"] < first_seq - 1:
+            topic.events = []
+            topic.first_seq = first_seq
+        topic.local = True
+        topic.ended = False
+        return topic
+
+    def publish(self, message_id: str, events: list[Event]) -> None:
+        topic = self.topics.get(message_id)
+        if topic is not None:
+            topic.publish(events)
+
+    def close_local(self, message_id: str) -> None:
+        topic = self.topics.get(message_id)
+        if topic is None:
+            return
+        topic.local = False
+        topic.ended = True
+        self._release(topic)
+
+    # --- the reading side -----------------------------------------------------------
+    async def read(
+        self, message_id: str, after: int, idle_timeout: float | None = None
+    ) -> AsyncIterator[list[Event] | None]:
+        """Yield batches of events after ``after`` until a batch ends with ``done``.
+
+        Yields ``None`` when nothing arrived for ``idle_timeout`` seconds, so transports
+        can send keep-alives without a timer of their own.
+        """
+        topic = self.topics.get(message_id)
+        if topic is None:
+            topic = self.topics[message_id] = Topic(message_id)
+        reader = next(self._ids)
+        topic.cursors[reader] = after
+        cursor = after
+        try:
+            while True:
+                if not topic.covers(cursor):
+                    backlog = await self.log.read(message_id, cursor)
+                    if backlog:
+                        cursor = backlog[-1]["seq"]
+                        topic.cursors[reader] = cursor
+                        yield backlog
+                        if backlog[-1]["type"] == DONE:
+                            return
+                        continue
+                    self._ensure_follower(topic, cursor)
+                batch = topic.after(cursor)
+                if batch:
+                    cursor = batch[-1]["seq"]
+                    topic.cursors[reader] = cursor
+                    yield batch
+                    if batch[-1]["type"] == DONE:
+                        return
+                    continue
+                if topic.ended and topic.events and topic.events[-1]["seq"] <= cursor:
+                    return
+                if not topic.local:
+                    self._ensure_follower(topic, cursor)
+                wake = topic.wake
+                if idle_timeout is None:
+                    await wake.wait()
+                    continue
+                try:
+                    async with asyncio.timeout(idle_timeout):
+                        await wake.wait()
+                except TimeoutError:
+                    yield None
+        finally:
+            topic.cursors.pop(reader, None)
+            self._release(topic)
+
+    def _ensure_follower(self, topic: Topic, cursor: int) -> None:
+        if topic.local or (topic.follower is not None and not topic.follower.done()):
+            return
+        if topic.events and topic.events[-1]["seq"] > cursor:
+            cursor = topic.events[-1]["seq"]
+        topic.ended = False
+        if not topic.events:
+            topic.first_seq = cursor + 1
+        topic.follower = asyncio.create_task(self._follow(topic, cursor))
+
+    async def _follow(self, topic: Topic, cursor: int) -> None:
+        try:
+            async for batch in self.log.follow(topic.message_id, cursor):
+                topic.publish(batch)
+        finally:
+            topic.follower = None
+            if not topic.local:
+                topic.ended = True
+                topic.wake.set()
+                topic.wake = asyncio.Event()
+
+    def _release(self, topic: Topic) -> None:
+        """Drop a topic nobody needs any more (no local generation, no reader)."""
+        if topic.local or topic.cursors:
+            return
+        if topic.follower is not None and not topic.follower.done():
+            topic.follower.cancel()
+        if self.topics.get(topic.message_id) is topic:
+            del self.topics[topic.message_id]
+
+    async def aclose(self) -> None:
+        for topic in list(self.topics.values()):
+            if topic.follower is not None:
+                topic.follower.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await topic.follower

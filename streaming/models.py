@@ -1,0 +1,105 @@
+"""Conversations, messages and the segments (generation runs) of assistant messages.
+
+A Message's content is always the concatenation of its segments' texts; each segment
+records where its text starts and ends in the message (provenance of Continue).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+from streaming.termination import Status
+
+
+class Conversation(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations"
+    )
+    title = models.CharField(max_length=200, blank=True, default="")
+    model = models.CharField(max_length=200, blank=True, default="")
+    system_prompt = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True, db_index=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+        indexes = [models.Index(fields=["owner", "-updated_at"], name="conv_owner_recent")]
+
+    def __str__(self) -> str:
+        return self.title or f"Conversation {self.id}"
+
+
+class Message(models.Model):
+    class Role(models.TextChoices):
+        USER = "user", "User"
+        ASSISTANT = "assistant", "Assistant"
+        SYSTEM = "system", "System"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="messages"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.TextField(blank=True, default="")
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.COMPLETE, db_index=True
+    )
+    # The termination record of the last segment (see streaming.termination.Termination).
+    termination = models.JSONField(default=dict, blank=True)
+    params = models.JSONField(default=dict, blank=True)
+    model = models.CharField(max_length=200, blank=True, default="")
+    last_seq = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [
+            models.Index(fields=["conversation", "created_at"], name="msg_conv_created"),
+            models.Index(fields=["status", "updated_at"], name="msg_status_updated"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.id}"
+
+
+class Segment(models.Model):
+    """One generation run of an assistant message: the first answer or a Continue."""
+
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="segments")
+    index = models.PositiveIntegerField()
+    start_offset = models.PositiveIntegerField(default=0)
+    end_offset = models.PositiveIntegerField(default=0)
+    first_seq = models.PositiveBigIntegerField(default=0)
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.STREAMING, db_index=True
+    )
+    finish_reason = models.CharField(max_length=32, blank=True, null=True)
+    stop_reason = models.CharField(max_length=200, blank=True, null=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    has_unclosed_code_block = models.BooleanField(default=False)
+    is_valid_json = models.BooleanField(null=True, blank=True)
+    error_type = models.CharField(max_length=100, blank=True, null=True)
+    error_message = models.TextField(blank=True, null=True)
+    error_code = models.CharField(max_length=64, blank=True, null=True)
+    # Which process generates/generated it ("host:pid:start"), for the reaper.
+    worker = models.CharField(max_length=200, blank=True, default="", db_index=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["message", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["message", "index"], name="segment_message_index")
+        ]
+        indexes = [models.Index(fields=["status", "worker"], name="segment_status_worker")]
+
+    def __str__(self) -> str:
+        return f"segment {self.index} of {self.message_id}"

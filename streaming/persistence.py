@@ -1,0 +1,83 @@
+"""Writes of generation state to the database: write-behind partials and final records.
+
+Partial content is flushed for all running generations of the process in one batch every
+``STREAM_FLUSH_INTERVAL`` seconds (one DB thread hop per tick, not one write per token).
+If the database is unreachable the batch is kept and retried: readers keep getting tokens
+from the log meanwhile, and nothing is lost because the log holds every delta.
+
+The final write is conditional on the segment still being ``streaming``: whoever makes
+that update (the generating process, its shutdown path or a reaper) owns the terminal
+event, which makes finalisation exactly-once across processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from streaming.models import Conversation, Message, Segment
+from streaming.termination import Status, Termination
+
+
+@dataclass(slots=True)
+class Partial:
+    message_id: str
+    content: str
+    last_seq: int
+
+
+def flush_partials(partials: list[Partial]) -> None:
+    with transaction.atomic():
+        for partial in partials:
+            Message.objects.filter(id=partial.message_id, status=Status.STREAMING).update(
+                content=partial.content, last_seq=partial.last_seq
+            )
+
+
+def finalize_segment(
+    *,
+    message_id: str,
+    conversation_id: str,
+    segment_index: int,
+    content: str,
+    start_offset: int,
+    last_seq: int,
+    termination: Termination,
+) -> bool:
+    """Persist the end of a segment; False when someone else already finalised it."""
+    now = timezone.now()
+    t = termination
+    with transaction.atomic():
+        updated = Segment.objects.filter(
+            message_id=message_id, index=segment_index, status=Status.STREAMING
+        ).update(
+            status=t.status,
+            start_offset=start_offset,
+            end_offset=len(content),
+            finish_reason=t.finish_reason,
+            stop_reason=None if t.stop_reason is None else str(t.stop_reason),
+            prompt_tokens=t.prompt_tokens,
+            completion_tokens=t.completion_tokens,
+            ttft_ms=t.ttft_ms,
+            duration_ms=t.duration_ms,
+            has_unclosed_code_block=t.has_unclosed_code_block,
+            is_valid_json=t.is_valid_json,
+            error_type=t.error_type,
+            error_message=t.error_message,
+            error_code=t.error_code,
+            worker=t.worker,
+            ended_at=now,
+        )
+        if not updated:
+            return False
+        Message.objects.filter(id=message_id).update(
+            content=content,
+            status=t.status,
+            termination=t.as_dict(),
+            last_seq=last_seq,
+            updated_at=now,
+        )
+        Conversation.objects.filter(id=conversation_id).update(updated_at=now)
+    return True

@@ -1,0 +1,72 @@
+"""Who is reading a message, counted across processes.
+
+Abandonment needs "no reader anywhere": each process counts its own readers and, with
+Redis, publishes its count in a per-message hash keyed by worker id. Counts of dead
+workers are ignored (their heartbeat key is gone), so a crashed process never keeps a
+generation alive. When a count changes the generating process is told, locally by a
+call, remotely over the control channel.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from streaming.worker import worker_key
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+    from streaming.runtime import Runtime
+
+READERS_PREFIX = "chat:readers:"
+READERS_TTL = 24 * 3600
+
+
+class Presence:
+    def __init__(self, runtime: Runtime, redis: aioredis.Redis | None) -> None:
+        self.runtime = runtime
+        self.redis = redis
+        self.local: dict[str, int] = {}
+
+    async def attach(self, message_id: str) -> None:
+        self.local[message_id] = self.local.get(message_id, 0) + 1
+        await self._publish(message_id, 1)
+
+    async def detach(self, message_id: str) -> None:
+        left = self.local.get(message_id, 0) - 1
+        if left > 0:
+            self.local[message_id] = left
+        else:
+            self.local.pop(message_id, None)
+        await self._publish(message_id, -1)
+
+    async def _publish(self, message_id: str, change: int) -> None:
+        if self.redis is not None:
+            key = READERS_PREFIX + message_id
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hincrby(key, self.runtime.worker_id, change)
+            pipe.expire(key, READERS_TTL)
+            await pipe.execute()
+        generation = self.runtime.generations.get(message_id)
+        if generation is not None:
+            generation.readers_changed(await self.count(message_id))
+        elif self.redis is not None:
+            await self.runtime.control.send(message_id, {"type": "generation.readers"})
+
+    async def count(self, message_id: str) -> int:
+        local = self.local.get(message_id, 0)
+        if local or self.redis is None:
+            return local
+        counts = await self.redis.hgetall(READERS_PREFIX + message_id)
+        others = {
+            worker.decode(): int(value)
+            for worker, value in counts.items()
+            if int(value) > 0 and worker.decode() != self.runtime.worker_id
+        }
+        if not others:
+            return 0
+        pipe = self.redis.pipeline(transaction=False)
+        for worker in others:
+            pipe.exists(worker_key(worker))
+        alive = await pipe.execute()
+        return sum(n for (_, n), up in zip(others.items(), alive, strict=True) if up)

@@ -1,0 +1,51 @@
+"""The stream log contract.
+
+A message's log is a sequence of events with strictly increasing ``seq``. ``append`` with a
+seq that is not above the last one raises ``SeqConflict``: that is what makes the reaper's
+terminal event exactly-once when two processes race to finish the same segment.
+
+``follow`` replays everything after a cursor, then yields new batches as they are appended,
+and ends with the batch whose last event is a ``done``: a reader's stream covers one
+segment's end. A Continue appends a new segment to the same log; readers of it subscribe
+again from their cursor.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+
+from streaming.events import Event
+
+
+class SeqConflict(Exception):
+    """An event with this seq (or a later one) is already in the log."""
+
+
+class StreamLog(abc.ABC):
+    @abc.abstractmethod
+    async def append(self, message_id: str, events: list[Event]) -> None: ...
+
+    @abc.abstractmethod
+    async def read(self, message_id: str, after: int = 0) -> list[Event]:
+        """Every event with seq > after, oldest first (empty if the log is gone)."""
+
+    @abc.abstractmethod
+    def follow(self, message_id: str, after: int = 0) -> AsyncIterator[list[Event]]:
+        """Batches of events with seq > after; ends after a trailing ``done``."""
+
+    @abc.abstractmethod
+    async def last_seq(self, message_id: str) -> int: ...
+
+    @abc.abstractmethod
+    async def finish(self, message_id: str) -> None:
+        """The message ended: keep its log only for ``STREAM_LOG_TTL`` seconds."""
+
+    @abc.abstractmethod
+    async def delete(self, message_id: str) -> None: ...
+
+    async def ping(self) -> None:
+        """Raise if the backend is unreachable (used by /readyz)."""
+
+    async def close(self) -> None:
+        """Release connections (tests and shutdown)."""

@@ -1,0 +1,110 @@
+"""In-process stream log: the embedded default, a real backend for one process.
+
+Like Django's LocMemCache it is complete but private to its process: resume works across
+reconnects to the same process, not across processes. Finished logs are kept for
+``STREAM_LOG_TTL`` seconds and at most ``max_messages`` of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+
+from django.conf import settings
+
+from streaming.events import DONE, Event
+from streaming.streamlog.base import SeqConflict, StreamLog
+
+
+class _Entry:
+    __slots__ = ("events", "expires_at", "wake")
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.wake = asyncio.Event()
+        self.expires_at: float | None = None
+
+
+class MemoryStreamLog(StreamLog):
+    def __init__(self, max_messages: int = 10_000) -> None:
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._max_messages = max_messages
+
+    def _entry(self, message_id: str, create: bool = False) -> _Entry | None:
+        entry = self._entries.get(message_id)
+        if entry is not None and entry.expires_at is not None and entry.expires_at < time.time():
+            del self._entries[message_id]
+            entry = None
+        if entry is None and create:
+            entry = self._entries[message_id] = _Entry()
+            self._evict()
+        return entry
+
+    def _evict(self) -> None:
+        while len(self._entries) > self._max_messages:
+            for key, entry in self._entries.items():
+                if entry.expires_at is not None:
+                    del self._entries[key]
+                    break
+            else:
+                return
+
+    async def append(self, message_id: str, events: list[Event]) -> None:
+        entry = self._entry(message_id, create=True)
+        assert entry is not None
+        last = entry.events[-1]["seq"] if entry.events else 0
+        for event in events:
+            if event["seq"] <= last:
+                raise SeqConflict(f"seq {event['seq']} <= {last} in {message_id}")
+            last = event["seq"]
+        entry.events.extend(events)
+        entry.expires_at = None
+        entry.wake.set()
+        entry.wake = asyncio.Event()
+
+    async def read(self, message_id: str, after: int = 0) -> list[Event]:
+        entry = self._entry(message_id)
+        if entry is None:
+            return []
+        return _after(entry.events, after)
+
+    async def follow(self, message_id: str, after: int = 0) -> AsyncIterator[list[Event]]:
+        while True:
+            entry = self._entry(message_id, create=True)
+            assert entry is not None
+            batch = _after(entry.events, after)
+            if batch:
+                after = batch[-1]["seq"]
+                yield batch
+                if batch[-1]["type"] == DONE:
+                    return
+                continue
+            await entry.wake.wait()
+
+    async def last_seq(self, message_id: str) -> int:
+        entry = self._entry(message_id)
+        return entry.events[-1]["seq"] if entry and entry.events else 0
+
+    async def finish(self, message_id: str) -> None:
+        entry = self._entry(message_id)
+        if entry is not None:
+            entry.expires_at = time.time() + settings.STREAM_LOG_TTL
+
+    async def delete(self, message_id: str) -> None:
+        self._entries.pop(message_id, None)
+
+
+def _after(events: list[Event], after: int) -> list[Event]:
+    """Events with seq > after; seqs are increasing, so bisect on the tail."""
+    if not events or events[-1]["seq"] <= after:
+        return []
+    lo, hi = 0, len(events)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if events[mid]["seq"] <= after:
+            lo = mid + 1
+        else:
+            hi = mid
+    return events[lo:]

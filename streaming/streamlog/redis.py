@@ -1,0 +1,149 @@
+"""Redis Streams backend: one stream per message, entry id ``<seq>-1``.
+
+Explicit ids make ``Last-Event-ID`` map straight onto ``XRANGE``/``XREAD`` cursors and let
+Redis itself reject a duplicate seq (``SeqConflict``). Appends from every generation in
+the process are group-committed: whatever is queued while one pipeline is in flight goes
+out in the next one, so a thousand streams cost a few round trips per tick, not a
+thousand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import redis.asyncio as aioredis
+from django.conf import settings
+from redis.exceptions import ResponseError
+
+from streaming.events import DONE, START, Event
+from streaming.streamlog.base import SeqConflict, StreamLog
+
+KEY_PREFIX = "chat:log:"
+# Followers block this long per XREAD before re-checking; short enough to notice a
+# stream deleted under them, long enough to cost nothing when idle.
+FOLLOW_BLOCK_MS = 5_000
+
+
+def stream_key(message_id: str) -> str:
+    return f"{KEY_PREFIX}{message_id}"
+
+
+def _entry_id(seq: int) -> str:
+    return f"{seq}-1"
+
+
+def _decode(entries: list) -> list[Event]:
+    return [json.loads(fields[b"e"]) for _id, fields in entries]
+
+
+class RedisStreamLog(StreamLog):
+    def __init__(self, url: str) -> None:
+        self._url = url
+        # Appends and reads share one pool; each follower holds one connection while it
+        # blocks, so the pool is sized for many concurrent cross-process followers.
+        self._redis = aioredis.Redis.from_url(
+            url, max_connections=4096, health_check_interval=30, socket_keepalive=True
+        )
+        self._queue: list[tuple[str, list[Event], asyncio.Future[None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def append(self, message_id: str, events: list[Event]) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((message_id, events, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_loop())
+        await future
+
+    async def _flush_loop(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                results = await self._send(batch)
+            except Exception as exc:  # connection lost: every waiter learns it
+                for _mid, _events, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_mid, _events, future), error in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)
+
+    async def _send(
+        self, batch: list[tuple[str, list[Event], asyncio.Future[None]]]
+    ) -> list[Exception | None]:
+        pipe = self._redis.pipeline(transaction=False)
+        spans: list[int] = []
+        for message_id, events, _future in batch:
+            key = stream_key(message_id)
+            count = 0
+            for event in events:
+                payload = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+                pipe.xadd(key, {"e": payload}, id=_entry_id(event["seq"]))
+                count += 1
+                if event["type"] in (START, DONE):
+                    # A live log outlives any generation; a finished one is kept for resumes.
+                    ttl = settings.STREAM_LOG_TTL
+                    pipe.expire(key, ttl if event["type"] == DONE else ttl * 2)
+                    count += 1
+            spans.append(count)
+        replies = await pipe.execute(raise_on_error=False)
+        results: list[Exception | None] = []
+        position = 0
+        for span in spans:
+            error: Exception | None = None
+            for reply in replies[position : position + span]:
+                if isinstance(reply, ResponseError):
+                    text = str(reply)
+                    error = SeqConflict(text) if "equal or smaller" in text else reply
+                    break
+                if isinstance(reply, Exception):
+                    error = reply
+                    break
+            results.append(error)
+            position += span
+        return results
+
+    async def read(self, message_id: str, after: int = 0) -> list[Event]:
+        entries = await self._redis.xrange(stream_key(message_id), min=f"({_entry_id(after)}")
+        return _decode(entries)
+
+    async def follow(self, message_id: str, after: int = 0) -> AsyncIterator[list[Event]]:
+        key = stream_key(message_id)
+        cursor = _entry_id(after)
+        while True:
+            reply = await self._redis.xread({key: cursor}, block=FOLLOW_BLOCK_MS, count=1000)
+            if not reply:
+                continue
+            entries = reply[0][1]
+            batch = _decode(entries)
+            cursor = entries[-1][0].decode()
+            yield batch
+            if batch[-1]["type"] == DONE:
+                return
+
+    async def last_seq(self, message_id: str) -> int:
+        entries = await self._redis.xrevrange(stream_key(message_id), count=1)
+        return int(entries[0][0].split(b"-")[0]) if entries else 0
+
+    async def finish(self, message_id: str) -> None:
+        await self._redis.expire(stream_key(message_id), settings.STREAM_LOG_TTL)
+
+    async def delete(self, message_id: str) -> None:
+        await self._redis.delete(stream_key(message_id))
+
+    async def ping(self) -> None:
+        await self._redis.ping()
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    @property
+    def client(self) -> aioredis.Redis:
+        """The shared connection pool, for the presence registry and worker heartbeats."""
+        return self._redis

@@ -1,0 +1,62 @@
+"""Why a segment ended: the termination record.
+
+One record shape is persisted on every Segment, copied onto its Message and sent in the
+`done` event, so a client, the admin and the metrics all tell the same story. User Stop
+(`cancelled`) and "every reader left" (`abandoned`) are different statuses on purpose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from django.db import models
+
+from streaming.shape import has_unclosed_code_block, json_validity
+
+
+class Status(models.TextChoices):
+    STREAMING = "streaming", "Streaming"
+    COMPLETE = "complete", "Complete"
+    TRUNCATED = "truncated", "Truncated (max tokens)"
+    STOPPED = "stopped", "Stopped (stop sequence)"
+    CANCELLED = "cancelled", "Cancelled by the user"
+    ABANDONED = "abandoned", "Abandoned (no reader left)"
+    ERROR = "error", "Engine or server error"
+    STALLED = "stalled", "Stalled (no tokens)"
+    INTERRUPTED = "interrupted", "Interrupted (process died)"
+
+
+FINAL_STATUSES = frozenset(s.value for s in Status if s != Status.STREAMING)
+# A message ending in one of these is finished as the model meant it; Continue refuses them.
+NATURAL_ENDS = frozenset({Status.COMPLETE.value, Status.STOPPED.value})
+
+
+@dataclass(slots=True)
+class Termination:
+    status: str
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_ms: float | None = None
+    duration_ms: float | None = None
+    has_unclosed_code_block: bool = False
+    is_valid_json: bool | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    error_code: str | None = None
+    worker: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def inspect_text(self, text: str) -> None:
+        """Record the shape of the whole answer: what a cut-off did to code and JSON."""
+        self.has_unclosed_code_block = has_unclosed_code_block(text)
+        self.is_valid_json = json_validity(text)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Termination:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,137 @@
+"""Server-Sent Events: ``GET /api/messages/<id>/stream/``.
+
+Contract: the response streams ``id``/``event``/``data`` frames of the shared event schema,
+``: ping`` comments while nothing else is sent, and ends after the terminal ``done``.
+Resume with ``Last-Event-ID`` (EventSource does it itself) or ``?after=N``. A reader that
+has already seen the end gets ``204`` (which also stops EventSource from reconnecting).
+
+Channels serialises a consumer's handlers, so the stream runs in its own task and the
+``http.disconnect`` handler cancels it the moment the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.exceptions import StopConsumer
+from channels.generic.http import AsyncHttpConsumer
+from django.conf import settings
+
+from streaming import events
+from streaming.auth import authenticate, header
+from streaming.errors import error_bytes
+from streaming.logcontext import stream_context
+from streaming.runtime import get_runtime
+from streaming.selectors import message_state
+from streaming.services import NotFound
+from streaming.transports.flow import SendBuffer
+from streaming.transports.subscription import SlowConsumer, Subscription, has_more
+
+log = logging.getLogger(__name__)
+
+STREAM_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache, no-store, no-transform"),
+    (b"x-accel-buffering", b"no"),
+    (b"content-encoding", b"identity"),
+    (b"vary", b"Authorization, Cookie"),
+]
+
+
+class CursorError(ValueError):
+    pass
+
+
+def parse_cursor(scope: dict[str, Any]) -> int:
+    """``Last-Event-ID`` wins over ``?after=``; both must be non-negative integers."""
+    raw = header(scope, b"last-event-id")
+    name = "Last-Event-ID"
+    if raw is None or raw.strip() == "":
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        values = query.get("after")
+        if not values:
+            return 0
+        raw, name = values[-1], "after"
+    raw = raw.strip()
+    if not raw.isdigit() or len(raw) > 18:
+        raise CursorError(f"{name} must be a non-negative integer event id")
+    return int(raw)
+
+
+class MessageStreamConsumer(AsyncHttpConsumer):
+    stream_task: asyncio.Task[None] | None = None
+
+    async def http_request(self, message: dict[str, Any]) -> None:
+        """Start the stream and return, so ``http.disconnect`` can still be received."""
+        if "body" in message:
+            self.body.append(message["body"])
+        if message.get("more_body"):
+            return
+        if not await self.open_stream():
+            raise StopConsumer()
+
+    async def open_stream(self) -> bool:
+        """Answer errors at once; start the stream task. False when the response is done."""
+        scope = self.scope
+        if scope["method"] != "GET":
+            await self.error(405, "method_not_allowed", "use GET", [(b"allow", b"GET")])
+            return False
+        user = await authenticate(scope)
+        if not user.is_authenticated:
+            await self.error(
+                401, "not_authenticated", "authentication credentials were not provided"
+            )
+            return False
+        try:
+            after = parse_cursor(scope)
+        except CursorError as exc:
+            await self.error(400, "invalid_cursor", str(exc))
+            return False
+        message_id = scope["url_route"]["kwargs"]["message_id"]
+        try:
+            state = await message_state(user, message_id)
+        except NotFound:
+            await self.error(404, "not_found", "message not found")
+            return False
+        if not has_more(state, after):
+            await self.send_response(204, b"")
+            return False
+        runtime = get_runtime()
+        await runtime.ensure_started()
+        await self.send_headers(status=200, headers=STREAM_HEADERS)
+        await self.send_body(events.sse_retry(settings.STREAM_RETRY_MS), more_body=True)
+        subscription = Subscription(runtime, state, after, "sse", SendBuffer(self.base_send))
+        self.stream_task = asyncio.create_task(self.run(subscription))
+        return True
+
+    async def run(self, subscription: Subscription) -> None:
+        with stream_context(subscription.state.id):
+            try:
+                async for batch in subscription.frames(settings.STREAM_PING_INTERVAL):
+                    if batch is None:
+                        await self.send_body(events.SSE_PING, more_body=True)
+                    else:
+                        await self.send_body(events.sse_frames(batch), more_body=True)
+            except SlowConsumer as exc:
+                log.info("closing a slow SSE client: %s", exc)
+            except Exception:
+                log.exception("SSE stream failed")
+            await self.send_body(b"", more_body=False)
+
+    async def error(
+        self, status: int, code: str, message: str, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        body = error_bytes(status, code, message)
+        headers = [(b"content-type", b"application/json")] + (extra or [])
+        await self.send_response(status, body, headers=headers)
+
+    async def disconnect(self) -> None:
+        task = self.stream_task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,186 @@
+"""One reader of one message's events: the part every transport shares.
+
+It replays what the reader missed, follows live, merges everything new since the last
+write into one frame (merge-on-read), spaces writes by ``STREAM_MIN_WRITE_INTERVAL``,
+pauses while the connection's send buffer is over ``STREAM_SEND_BUFFER_LIMIT`` and gives
+up on a client that stays over it for ``STREAM_SLOW_CONSUMER_TIMEOUT`` (``SlowConsumer``:
+the transport closes, the client resumes from its cursor). It holds a cursor, never a
+queue, so per-reader memory does not grow with what the reader has not read yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from streaming import events, metrics
+from streaming.runtime import Runtime
+from streaming.termination import FINAL_STATUSES
+from streaming.transports.flow import SendBuffer
+
+# How often a paused reader re-checks the send buffer.
+DRAIN_POLL = 0.05
+
+
+class SlowConsumer(Exception):
+    """The client did not read for too long; close and let it resume."""
+
+
+@dataclass(slots=True)
+class MessageState:
+    """What the reader needs to know about the message before it subscribes."""
+
+    id: str
+    status: str
+    last_seq: int
+    content: str
+    termination: dict[str, Any]
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+
+def has_more(state: MessageState, after: int) -> bool:
+    """False when a reader at ``after`` has already seen the end of a finished message."""
+    return not (state.final and after >= state.last_seq)
+
+
+def snapshot(state: MessageState, after: int) -> list[events.Event]:
+    """Events rebuilt from the database when the log of a finished message expired."""
+    seq = state.last_seq
+    if after > 0:
+        return [
+            events.error(
+                seq - 1,
+                message="the event log of this message expired; fetch the message instead",
+                type="ResumeUnavailable",
+                code="resume_unavailable",
+            ),
+            events.done(seq, segment=-1, termination=state.termination),
+        ]
+    batch = [events.start(max(seq - 2, 0), message_id=state.id, segment=0, model="")]
+    if state.content:
+        batch.append(events.delta(seq - 1, state.content))
+    batch.append(events.done(seq, segment=-1, termination=state.termination))
+    return batch
+
+
+class Subscription:
+    def __init__(
+        self,
+        runtime: Runtime,
+        state: MessageState,
+        after: int,
+        transport: str,
+        send_buffer: SendBuffer | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.state = state
+        self.cursor = after
+        self.transport = transport
+        self.send_buffer = send_buffer
+        self.accepted_at = time.monotonic()
+        self.first_delta_written = False
+        self.last_delta_at: float | None = None
+        self.ended_status: str | None = None
+
+    async def frames(self, ping_interval: float | None) -> AsyncIterator[list[events.Event] | None]:
+        """Merged batches to write, or ``None`` when a keep-alive is due."""
+        runtime = self.runtime
+        message_id = self.state.id
+        resumed = self.cursor > 0
+        if resumed:
+            metrics.RESUMES.labels(transport=self.transport).inc()
+        await runtime.presence.attach(message_id)
+        metrics.STREAMS_ACTIVE.labels(transport=self.transport).inc()
+        replaying = resumed
+        try:
+            source: AsyncIterator[list[events.Event] | None]
+            if self.state.final:
+                source = self._finished()
+            else:
+                source = runtime.hub.read(message_id, self.cursor, idle_timeout=ping_interval)
+            min_interval = settings.STREAM_MIN_WRITE_INTERVAL
+            last_write = 0.0
+            async for batch in source:
+                if batch is None:
+                    yield None
+                    continue
+                batch = [e for e in batch if e["seq"] > self.cursor]
+                if not batch:
+                    continue
+                await self._wait_for_client()
+                wait = last_write + min_interval - time.monotonic()
+                if wait > 0 and batch[-1]["type"] == events.DELTA:
+                    await asyncio.sleep(wait)
+                    # More may have arrived meanwhile: it goes out in this same frame.
+                    batch = batch + self._newer_than(batch[-1]["seq"])
+                if replaying:
+                    metrics.EVENTS_REPLAYED.labels(transport=self.transport).inc(len(batch))
+                    replaying = False
+                metrics.TOKENS_DELIVERED.labels(transport=self.transport).inc(
+                    sum(1 for e in batch if e["type"] == events.DELTA)
+                )
+                merged = events.merge(batch)
+                self.cursor = merged[-1]["seq"]
+                self._observe(merged)
+                last_write = time.monotonic()
+                yield merged
+                if merged[-1]["type"] == events.DONE:
+                    self.ended_status = merged[-1].get("status")
+                    return
+        finally:
+            metrics.STREAMS_ACTIVE.labels(transport=self.transport).dec()
+            metrics.STREAM_ENDS.labels(
+                transport=self.transport, status=self.ended_status or "disconnected"
+            ).inc()
+            await runtime.presence.detach(message_id)
+
+    def _newer_than(self, after: int) -> list[events.Event]:
+        topic = self.runtime.hub.topics.get(self.state.id)
+        return topic.after(after) if topic is not None else []
+
+    async def _finished(self) -> AsyncIterator[list[events.Event] | None]:
+        logged = await self.runtime.log.read(self.state.id, self.cursor)
+        if logged:
+            yield logged
+        elif has_more(self.state, self.cursor):
+            yield snapshot(self.state, self.cursor)
+
+    async def _wait_for_client(self) -> None:
+        probe = self.send_buffer
+        if probe is None:
+            return
+        pending = probe.pending()
+        if pending is None or pending <= settings.STREAM_SEND_BUFFER_LIMIT:
+            return
+        deadline = time.monotonic() + settings.STREAM_SLOW_CONSUMER_TIMEOUT
+        while (pending := probe.pending()) is not None and pending > (
+            settings.STREAM_SEND_BUFFER_LIMIT // 2
+        ):
+            if time.monotonic() > deadline:
+                metrics.SLOW_CONSUMER_CLOSES.labels(transport=self.transport).inc()
+                self.ended_status = "slow_consumer"
+                raise SlowConsumer(f"{pending} bytes unread for too long")
+            await asyncio.sleep(DRAIN_POLL)
+
+    def _observe(self, merged: list[events.Event]) -> None:
+        now = time.monotonic()
+        for event in merged:
+            if event["type"] != events.DELTA:
+                continue
+            if not self.first_delta_written:
+                self.first_delta_written = True
+                metrics.STREAM_TTFT.labels(transport=self.transport).observe(now - self.accepted_at)
+            elif self.last_delta_at is not None:
+                metrics.INTER_TOKEN_GAP.labels(transport=self.transport).observe(
+                    now - self.last_delta_at
+                )
+            self.last_delta_at = now
+        metrics.FRAMES_WRITTEN.labels(transport=self.transport).inc()

@@ -1,0 +1,237 @@
+"""WebSocket: ``/ws/chat/``, one socket per tab, many message subscriptions.
+
+Contract (docs/protocol.md has examples): client frames are JSON objects with a ``type``
+(``auth``, ``message.create``, ``subscribe``, ``unsubscribe``, ``cancel``, ``continue``,
+``ping``); server frames are the shared events with ``message_id`` added, one event per
+text frame, plus replies (``message.created``, ``subscribed``, ``pong``, ``heartbeat``) and
+``{"type": "error", ...}`` for a bad frame - which never closes the socket.
+
+The receive handler only parses and dispatches: generation runs in the generation
+service, and each subscription streams from its own task, so a slow handler can never
+hold back a stream and a disconnect is seen at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from streaming import events
+from streaming.auth import user_for_token
+from streaming.logcontext import stream_context
+from streaming.runtime import get_runtime
+from streaming.selectors import message_state
+from streaming.services import ServiceError, cancel_message, continue_message, post_message
+from streaming.transports.flow import SendBuffer
+from streaming.transports.subscription import SlowConsumer, Subscription, has_more
+
+log = logging.getLogger(__name__)
+
+MAX_FRAME_CHARS = 64 * 1024
+MAX_SUBSCRIPTIONS = 64
+CLOSE_SLOW_CONSUMER = 4408
+CLOSE_GOING_AWAY = 1001
+
+
+class FrameError(Exception):
+    def __init__(self, code: str, message: str, ref: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.ref = ref
+
+
+class ChatConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        self.user = self.scope.get("user")
+        self.subscriptions: dict[str, asyncio.Task[None]] = {}
+        self.last_sent = time.monotonic()
+        self.send_buffer = SendBuffer(self.base_send)
+        self.runtime = get_runtime()
+        await self.runtime.ensure_started()
+        await self.accept()
+        self.heartbeat = asyncio.create_task(self._heartbeat())
+
+    async def disconnect(self, code: int) -> None:
+        tasks = list(self.subscriptions.values())
+        if hb := getattr(self, "heartbeat", None):
+            tasks.append(hb)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.subscriptions.clear()
+
+    # --- receive: parse, dispatch, answer; never stream here -----------------------
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        ref = None
+        try:
+            frame = self._parse(text_data, bytes_data)
+            ref = frame.get("ref")
+            kind = frame.get("type")
+            handler = self.HANDLERS.get(kind) if isinstance(kind, str) else None
+            if handler is None:
+                raise FrameError("unknown_type", f"unknown frame type {kind!r}")
+            if kind not in ("auth", "ping") and not self._authenticated():
+                raise FrameError("not_authenticated", "authenticate first (an auth frame)")
+            await handler(self, frame)
+        except FrameError as exc:
+            await self._send_json(
+                {
+                    "type": "error",
+                    "code": exc.code,
+                    "message": exc.message,
+                    **({"ref": ref} if ref is not None else {}),
+                }
+            )
+        except ServiceError as exc:
+            body: dict[str, Any] = {
+                "type": "error",
+                "code": exc.code,
+                "message": exc.message,
+                "status": exc.status,
+            }
+            if exc.field:
+                body["field"] = exc.field
+            if ref is not None:
+                body["ref"] = ref
+            await self._send_json(body)
+
+    def _parse(self, text_data: str | None, bytes_data: bytes | None) -> dict[str, Any]:
+        if text_data is None:
+            raise FrameError("binary_frame", "binary frames are not accepted; send JSON text")
+        if len(text_data) > MAX_FRAME_CHARS:
+            raise FrameError("frame_too_large", f"frames are limited to {MAX_FRAME_CHARS} chars")
+        try:
+            frame = json.loads(text_data)
+        except ValueError:
+            raise FrameError("invalid_json", "the frame is not valid JSON") from None
+        if not isinstance(frame, dict):
+            raise FrameError("invalid_frame", "a frame must be a JSON object")
+        return frame
+
+    def _authenticated(self) -> bool:
+        return bool(self.user is not None and self.user.is_authenticated)
+
+    @staticmethod
+    def _message_id(frame: dict[str, Any]) -> str:
+        value = frame.get("message_id")
+        if not isinstance(value, str) or not value:
+            raise FrameError("invalid_frame", "message_id must be a string")
+        return value
+
+    async def on_auth(self, frame: dict[str, Any]) -> None:
+        token = frame.get("token")
+        if not isinstance(token, str) or not token:
+            raise FrameError("invalid_frame", "token must be a string")
+        user = await user_for_token(token)
+        if not user.is_authenticated:
+            raise FrameError("not_authenticated", "invalid token")
+        self.user = user
+        await self._send_json({"type": "authenticated", "user": user.get_username()})
+
+    async def on_ping(self, frame: dict[str, Any]) -> None:
+        await self._send_json({"type": "pong", **({"ref": frame["ref"]} if "ref" in frame else {})})
+
+    async def on_create(self, frame: dict[str, Any]) -> None:
+        exchange = await post_message(
+            self.user, frame.get("conversation"), frame.get("content"), frame.get("params")
+        )
+        message_id = str(exchange.assistant_message.id)
+        reply: dict[str, Any] = {
+            "type": "message.created",
+            "conversation": str(exchange.assistant_message.conversation_id),
+            "user_message_id": str(exchange.user_message.id) if exchange.user_message else None,
+            "message_id": message_id,
+        }
+        if "ref" in frame:
+            reply["ref"] = frame["ref"]
+        await self._send_json(reply)
+        if frame.get("subscribe", True):
+            await self._subscribe(message_id, 0)
+
+    async def on_subscribe(self, frame: dict[str, Any]) -> None:
+        after = frame.get("after", 0)
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise FrameError("invalid_cursor", "after must be a non-negative integer")
+        await self._subscribe(self._message_id(frame), after)
+
+    async def on_unsubscribe(self, frame: dict[str, Any]) -> None:
+        task = self.subscriptions.pop(self._message_id(frame), None)
+        if task is not None:
+            task.cancel()
+
+    async def on_cancel(self, frame: dict[str, Any]) -> None:
+        message = await cancel_message(self.user, self._message_id(frame))
+        await self._send_json(
+            {"type": "cancelled", "message_id": str(message.id), "status": message.status}
+        )
+
+    async def on_continue(self, frame: dict[str, Any]) -> None:
+        exchange = await continue_message(self.user, self._message_id(frame))
+        generation = exchange.generation
+        await self._subscribe(generation.message_id, generation.plan.first_seq - 1)
+
+    HANDLERS = {
+        "auth": on_auth,
+        "ping": on_ping,
+        "message.create": on_create,
+        "subscribe": on_subscribe,
+        "unsubscribe": on_unsubscribe,
+        "cancel": on_cancel,
+        "continue": on_continue,
+    }
+
+    # --- streaming ---------------------------------------------------------------------
+    async def _subscribe(self, message_id: str, after: int) -> None:
+        state = await message_state(self.user, message_id)
+        message_id = state.id
+        old = self.subscriptions.pop(message_id, None)
+        if old is not None:
+            old.cancel()
+        if len(self.subscriptions) >= MAX_SUBSCRIPTIONS:
+            raise FrameError("too_many_subscriptions", f"at most {MAX_SUBSCRIPTIONS} at once")
+        await self._send_json(
+            {"type": "subscribed", "message_id": message_id, "after": after, "status": state.status}
+        )
+        if not has_more(state, after):
+            return
+        subscription = Subscription(self.runtime, state, after, "ws", self.send_buffer)
+        task = asyncio.create_task(self._stream(subscription))
+        self.subscriptions[message_id] = task
+
+    async def _stream(self, subscription: Subscription) -> None:
+        message_id = subscription.state.id
+        with stream_context(message_id):
+            try:
+                async for batch in subscription.frames(None):
+                    if batch is None:
+                        continue
+                    for event in batch:
+                        await self.send(text_data=events.ws_frame(event, message_id))
+                    self.last_sent = time.monotonic()
+            except SlowConsumer as exc:
+                log.info("closing a slow WebSocket client: %s", exc)
+                await self.close(code=CLOSE_SLOW_CONSUMER)
+            finally:
+                if self.subscriptions.get(message_id) is asyncio.current_task():
+                    del self.subscriptions[message_id]
+
+    async def _heartbeat(self) -> None:
+        interval = settings.STREAM_PING_INTERVAL
+        while True:
+            await asyncio.sleep(max(interval - (time.monotonic() - self.last_sent), 0.05))
+            if time.monotonic() - self.last_sent >= interval:
+                await self._send_json({"type": "heartbeat"})
+
+    async def _send_json(self, payload: dict[str, Any]) -> None:
+        self.last_sent = time.monotonic()
+        await self.send(text_data=json.dumps(payload, ensure_ascii=False, separators=(",", ":")))

@@ -1,0 +1,22 @@
+from django.urls import path
+
+from streaming.api import views
+
+app_name = "streaming"
+
+urlpatterns = [
+    path("conversations/", views.ConversationList.as_view(), name="conversations"),
+    path(
+        "conversations/<uuid:conversation_id>/",
+        views.ConversationDetail.as_view(),
+        name="conversation",
+    ),
+    path(
+        "conversations/<uuid:conversation_id>/messages/",
+        views.ConversationMessages.as_view(),
+        name="messages",
+    ),
+    path("messages/<uuid:message_id>/", views.MessageDetail.as_view(), name="message"),
+    path("messages/<uuid:message_id>/cancel/", views.MessageCancel.as_view(), name="cancel"),
+    path("messages/<uuid:message_id>/continue/", views.MessageContinue.as_view(), name="continue"),
+]
