@@ -95,12 +95,16 @@ TEMPLATES = [
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=600)}
+    if os.environ.get("DATABASE_TEST_NAME"):
+        DATABASES["default"]["TEST"] = {"NAME": os.environ["DATABASE_TEST_NAME"]}
 else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": VAR_DIR / "db.sqlite3",
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+            # A file, not :memory:, so Daphne processes started by tests share it.
+            "TEST": {"NAME": VAR_DIR / "test.sqlite3"},
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -190,6 +194,8 @@ STREAM_HEARTBEAT_TIMEOUT = env_float("STREAM_HEARTBEAT_TIMEOUT", 10.0)
 STREAM_AUTO_CONTINUE_INTERRUPTED = env_bool("STREAM_AUTO_CONTINUE_INTERRUPTED", False)
 # On SIGTERM, how long running generations may take to finish before being interrupted.
 STREAM_SHUTDOWN_DEADLINE = env_float("STREAM_SHUTDOWN_DEADLINE", 20.0)
+# Stamp each delta with the engine's emit time ("t"), for the benchmark's latency figures.
+STREAM_EMIT_STAMPS = env_bool("STREAM_EMIT_STAMPS", False)
 # How long the final record is retried while the database is unreachable.
 STREAM_PERSIST_RETRY_SECONDS = env_float("STREAM_PERSIST_RETRY_SECONDS", 120.0)
 

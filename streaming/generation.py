@@ -103,7 +103,7 @@ class Generation:
             return
         grace = self.plan.abandon_grace
         if grace <= 0:
-            self.cancel("abandoned")
+            self.runtime.cancel_local(self, Status.ABANDONED.value)
             return
         loop = asyncio.get_running_loop()
         self._abandon_timer = loop.call_later(grace, self._abandon_due)
@@ -114,8 +114,8 @@ class Generation:
 
     async def _recheck_abandon(self) -> None:
         count = await self.runtime.presence.count(self.message_id)
-        if count == 0 and self.cancel(Status.ABANDONED.value):
-            metrics.ABANDONS.inc()
+        if count == 0:
+            self.runtime.cancel_local(self, Status.ABANDONED.value)
 
     # --- the run ---------------------------------------------------------------------
     @property
@@ -252,7 +252,8 @@ class Generation:
                 shown, matched = stops.feed(text)
                 if shown:
                     self.parts.append(shown)
-                    await self._emit([events.delta(self._next_seq(), shown, chunk.emitted_at)])
+                    stamp = chunk.emitted_at if settings.STREAM_EMIT_STAMPS else None
+                    await self._emit([events.delta(self._next_seq(), shown, stamp)])
                 if matched is not None:
                     termination.status = Status.STOPPED.value
                     termination.finish_reason = "stop"

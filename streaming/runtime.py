@@ -105,6 +105,8 @@ class Runtime:
         cancelled = generation.cancel(reason)
         if cancelled and reason == "cancelled":
             metrics.CANCELS.inc()
+        elif cancelled and reason == "abandoned":
+            metrics.ABANDONS.inc()
         return cancelled
 
     async def cancel(self, message_id: str, reason: str = "cancelled") -> None:

@@ -1,0 +1,89 @@
+"""Shared fixtures: users with tokens, real Daphne processes, the vLLM emulator.
+
+Tests that start servers use ``transactional_db`` so their rows are committed and visible
+to the Daphne processes, which connect to the same test database (PostgreSQL in CI).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.support.servers import DaphneServer, server_env
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+
+
+@dataclass
+class Account:
+    username: str
+    password: str
+    token: str
+    user: Any
+
+
+@pytest.fixture
+def make_account(transactional_db: None) -> Callable[..., Account]:
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    counter = iter(range(1_000_000))
+
+    def make(username: str | None = None, *, staff: bool = False) -> Account:
+        name = username or f"user{next(counter)}"
+        password = "test-pass-123"
+        user = User.objects.create_user(name, password=password, is_staff=staff, is_superuser=staff)
+        token = Token.objects.create(user=user)
+        return Account(name, password, token.key, user)
+
+    return make
+
+
+@pytest.fixture
+def account(make_account: Callable[..., Account]) -> Account:
+    return make_account("alice")
+
+
+@pytest.fixture
+def other_account(make_account: Callable[..., Account]) -> Account:
+    """A second user, for "another user's object answers 404" checks."""
+    return make_account("mallory")
+
+
+@pytest.fixture
+def redis_flushed() -> Iterator[None]:
+    if not REDIS_URL:
+        pytest.skip("needs REDIS_URL")
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    yield
+    client.close()
+
+
+@pytest.fixture
+def daphne(transactional_db: None) -> Iterator[Callable[..., DaphneServer]]:
+    """Factory: ``daphne(**env)`` starts a Daphne process; all are stopped at test end."""
+    servers: list[DaphneServer] = []
+
+    def start(name: str = "daphne", **env: Any) -> DaphneServer:
+        server = DaphneServer(server_env(**env), name=name).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def emulator() -> Iterator[str]:
+    from tests.emulator.server import run_emulator
+
+    with run_emulator(model="test-model") as url:
+        yield url

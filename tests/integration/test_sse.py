@@ -1,0 +1,87 @@
+"""SSE over real sockets against a real Daphne process."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.support.clients import auth, create_conversation, post_message, read_sse, seqs, text_of
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_stream_is_incremental_and_matches_persisted_content(daphne, account):
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "Bonjour",
+            simulation={"text": "日本語のテキスト 👨‍👩‍👧‍👦 and 🇯🇵 flags", "tokens_per_second": 50},
+        )  # fmt: skip
+        result = await read_sse(client, account.token, message["id"])
+        assert result.status == 200
+        assert result.headers["content-type"] == "text/event-stream; charset=utf-8"
+        assert result.headers["x-accel-buffering"] == "no"
+        assert result.headers["cache-control"].startswith("no-cache")
+        assert result.retry is not None
+        events = [e.data for e in result.events]
+        assert events[0]["type"] == "start"
+        assert events[-1]["type"] == "done"
+        assert events[-1]["status"] == "complete"
+        deltas = [e for e in events if e["type"] == "delta"]
+        assert len(deltas) >= 3, "the answer must arrive in several frames"
+        assert [e.id for e in result.events] == [str(s) for s in seqs(events)]
+        assert seqs(events) == sorted(set(seqs(events)))
+        text = text_of(events)
+        assert text == "日本語のテキスト 👨‍👩‍👧‍👦 and 🇯🇵 flags"
+        persisted = (
+            await client.get(f"/api/messages/{message['id']}/", headers=auth(account.token))
+        ).json()
+        assert persisted["content"] == text
+        assert persisted["status"] == "complete"
+        assert persisted["last_seq"] == events[-1]["seq"]
+
+
+async def test_resume_with_last_event_id_gets_exactly_the_remainder(daphne, account):
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client,
+            account.token,
+            conversation,
+            "hi",
+            simulation={"length": 60, "tokens_per_second": 100},
+        )
+        first = await read_sse(client, account.token, message["id"], stop_after=5)
+        cursor = int(first.events[-1].id)
+        rest = await read_sse(client, account.token, message["id"], last_event_id=cursor)
+        combined = [e.data for e in first.events] + [e.data for e in rest.events]
+        assert seqs(combined) == list(range(1, combined[-1]["seq"] + 1)) or seqs(
+            combined
+        ) == sorted(set(seqs(combined)))
+        assert rest.events[0].data["seq"] == cursor + 1
+        persisted = (
+            await client.get(f"/api/messages/{message['id']}/", headers=auth(account.token))
+        ).json()
+        assert text_of(combined) == persisted["content"]
+        again = await read_sse(client, account.token, message["id"], after=combined[-1]["seq"])
+        assert again.status == 204
+
+
+async def test_unauthenticated_and_foreign_and_bad_cursor(daphne, account, other_account):
+    owner, other = account, other_account
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, owner.token)
+        message = await post_message(
+            client, owner.token, conversation, "hi", simulation={"length": 5}
+        )
+        url = f"/api/messages/{message['id']}/stream/"
+        assert (await client.get(url)).status_code == 401
+        foreign = await client.get(url, headers=auth(other.token))
+        assert foreign.status_code == 404
+        assert foreign.json()["error"]["code"] == "not_found"
+        bad = await client.get(url, headers={**auth(owner.token), "Last-Event-ID": "abc"})
+        assert bad.status_code == 400
+        assert bad.json()["error"]["code"] == "invalid_cursor"
