@@ -68,7 +68,7 @@ class DaphneServer:
                 str(sock.fileno()),
                 "--proxy-headers",
                 "chatsite.asgi:application",
-            ],  # fmt: skip
+            ],
             cwd=ROOT,
             env=self.env,
             pass_fds=(sock.fileno(),),
