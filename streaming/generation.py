@@ -24,7 +24,7 @@ from django.conf import settings
 
 from streaming import events, metrics
 from streaming.detokenize import Detokenizer
-from streaming.engines.base import EngineChunk, EngineError, EngineRequest, EngineUnavailable
+from streaming.engines.base import EngineChunk, EngineError, EngineRequest
 from streaming.logcontext import stream_context
 from streaming.persistence import Partial, finalize_segment
 from streaming.stops import StopFilter
@@ -173,13 +173,14 @@ class Generation:
             termination.status = Status.STALLED.value
             termination.error_type = "Stalled"
             termination.error_message = f"no token for {settings.STREAM_STALL_TIMEOUT:g} s"
+            metrics.engine_error("EngineTimeout")
         except EngineError as exc:
             stalled = exc.type == "EngineTimeout"
             termination.status = Status.STALLED.value if stalled else Status.ERROR.value
             termination.error_type = exc.type
             termination.error_message = exc.message
             termination.error_code = None if exc.code is None else str(exc.code)
-            metrics.ENGINE_ERRORS.labels(type=_error_label(exc)).inc()
+            metrics.engine_error(exc.type)
             await self._emit_error(exc)
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -275,6 +276,7 @@ class Generation:
             termination.status = Status.ERROR.value
             termination.error_type = "EngineAborted" if reason == "abort" else "EngineError"
             termination.error_message = f"the engine ended the request ({reason})"
+            metrics.engine_error(termination.error_type)
         else:
             termination.status = Status.COMPLETE.value
 
@@ -306,6 +308,7 @@ class Generation:
                 with contextlib.suppress(Exception):
                     await rt.log.finish(plan.message_id)
                 metrics.STREAM_GENERATIONS_ENDED.labels(status=termination.status).inc()
+                metrics.GENERATED_TOKENS.inc(termination.completion_tokens)
                 log.info(
                     "generation ended: %s (%d tokens, %d chars)",
                     termination.status,
@@ -321,8 +324,9 @@ class Generation:
         delay = 0.2
         deadline = time.monotonic() + settings.STREAM_PERSIST_RETRY_SECONDS
         while True:
+            started = time.monotonic()
             try:
-                return await sync_to_async(finalize_segment, thread_sensitive=True)(
+                owned = await sync_to_async(finalize_segment, thread_sensitive=True)(
                     message_id=self.plan.message_id,
                     conversation_id=self.plan.conversation_id,
                     segment_index=self.plan.segment_index,
@@ -331,6 +335,8 @@ class Generation:
                     last_seq=done_seq,
                     termination=termination,
                 )
+                metrics.PERSIST_LATENCY.labels(kind="final").observe(time.monotonic() - started)
+                return owned
             except Exception:
                 if time.monotonic() > deadline:
                     log.exception("could not persist the final record; the reaper will")
@@ -338,25 +344,6 @@ class Generation:
                 log.warning("database unavailable for the final record; retrying")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-
-
-def _error_label(exc: EngineError) -> str:
-    if isinstance(exc, EngineUnavailable):
-        return "unavailable"
-    return exc.type if exc.type in _KNOWN_ERROR_TYPES else "other"
-
-
-_KNOWN_ERROR_TYPES = frozenset(
-    {
-        "BadRequestError",
-        "NotFoundError",
-        "InternalServerError",
-        "EngineTimeout",
-        "EngineDisconnected",
-        "EngineUnavailable",
-        "Unauthorized",
-    }
-)
 
 
 def launch(plan: SegmentPlan, runtime: Runtime) -> Generation:

@@ -149,7 +149,7 @@ class Runtime:
             except Exception:
                 log.warning("write-behind flush failed for %d messages; will retry", len(batch))
                 continue
-            metrics.FLUSH_LATENCY.observe(time.monotonic() - started)
+            metrics.PERSIST_LATENCY.labels(kind="partial").observe(time.monotonic() - started)
             pending.clear()
 
     async def _reaper_loop(self) -> None:
@@ -161,6 +161,7 @@ class Runtime:
                 await reap(self)
             except Exception:
                 log.exception("reaper pass failed")
+            metrics.forget_dead_processes()
 
     # --- shutdown --------------------------------------------------------------------
     def _on_sigterm(self) -> None:

@@ -55,15 +55,10 @@ def other_account(make_account: Callable[..., Account]) -> Account:
 
 
 @pytest.fixture
-def redis_flushed() -> Iterator[None]:
+def needs_redis() -> None:
+    """Several processes share state only through Redis; without it there is nothing to test."""
     if not REDIS_URL:
-        pytest.skip("needs REDIS_URL")
-    import redis
-
-    client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    yield
-    client.close()
+        pytest.skip("needs REDIS_URL (several processes share the log through Redis)")
 
 
 @pytest.fixture
@@ -71,8 +66,8 @@ def daphne(transactional_db: None) -> Iterator[Callable[..., DaphneServer]]:
     """Factory: ``daphne(**env)`` starts a Daphne process; all are stopped at test end."""
     servers: list[DaphneServer] = []
 
-    def start(name: str = "daphne", **env: Any) -> DaphneServer:
-        server = DaphneServer(server_env(**env), name=name).start()
+    def start(name: str = "daphne", send_buffer: int | None = None, **env: Any) -> DaphneServer:
+        server = DaphneServer(server_env(**env), name=name, send_buffer=send_buffer).start()
         servers.append(server)
         return server
 

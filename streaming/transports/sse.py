@@ -57,7 +57,7 @@ def parse_cursor(scope: dict[str, Any]) -> int:
             return 0
         raw, name = values[-1], "after"
     raw = raw.strip()
-    if not raw.isdigit() or len(raw) > 18:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise CursorError(f"{name} must be a non-negative integer event id")
     return int(raw)
 

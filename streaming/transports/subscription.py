@@ -86,7 +86,9 @@ class Subscription:
         self.transport = transport
         self.send_buffer = send_buffer
         self.accepted_at = time.monotonic()
-        self.first_delta_written = False
+        # Only a fresh reader of a running generation measures time to first token: a
+        # resume has seen tokens already, and a finished message is history, not a wait.
+        self.first_delta_written = after > 0 or state.final
         self.last_delta_at: float | None = None
         self.ended_status: str | None = None
 

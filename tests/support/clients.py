@@ -114,3 +114,19 @@ def text_of(events: list[dict[str, Any]]) -> str:
 
 def seqs(events: list[dict[str, Any]]) -> list[int]:
     return [e["seq"] for e in events]
+
+
+async def wait_for_status(
+    client: httpx.AsyncClient, token: str, message_id: str, limit: float = 30.0
+) -> dict[str, Any]:
+    """Poll the message until it is no longer streaming (its end is persisted in the DB of
+    another process: there is no event to await from here)."""
+    import asyncio
+
+    async with asyncio.timeout(limit):
+        while True:
+            response = await client.get(f"/api/messages/{message_id}/", headers=auth(token))
+            body = response.json()
+            if body["status"] != "streaming":
+                return body
+            await asyncio.sleep(0.05)

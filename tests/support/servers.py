@@ -33,8 +33,17 @@ def database_url() -> str:
 
 
 class DaphneServer:
-    def __init__(self, env: dict[str, str], name: str = "daphne", log_dir: Path | None = None):
+    def __init__(
+        self,
+        env: dict[str, str],
+        name: str = "daphne",
+        log_dir: Path | None = None,
+        send_buffer: int | None = None,
+    ):
         self.env = env
+        # SO_SNDBUF for accepted connections (inherited from the listening socket): a small
+        # kernel buffer makes a client that stops reading show up in the server quickly.
+        self.send_buffer = send_buffer
         self.name = name
         self.log_dir = log_dir or ROOT / "test-artifacts" / "logs"
         self.sock: socket.socket | None = None
@@ -52,6 +61,8 @@ class DaphneServer:
     def start(self) -> DaphneServer:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.send_buffer is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
         sock.bind(("127.0.0.1", 0))
         sock.listen(1024)
         self.sock = sock

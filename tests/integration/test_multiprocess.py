@@ -1,0 +1,155 @@
+"""Several Daphne processes sharing PostgreSQL and Redis: resume elsewhere, Stop from
+elsewhere, a generating process killed mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.support.clients import (
+    auth,
+    create_conversation,
+    iter_sse,
+    post_message,
+    read_sse,
+    text_of,
+    wait_for_status,
+)
+from tests.support.wsclient import ChatSocket
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("needs_redis")]
+
+
+def assert_exact_sequence(events: list[dict]) -> None:
+    seqs = [e["seq"] for e in events]
+    assert seqs == sorted(seqs) and len(seqs) == len(set(seqs)), seqs
+
+
+async def test_resume_on_another_process_gets_exactly_the_remainder(daphne, account):
+    a, b = daphne("a"), daphne("b")
+    async with (
+        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+    ):
+        conversation = await create_conversation(ca, account.token)
+        message = await post_message(
+            ca, account.token, conversation, "long please",
+            simulation={"length": 80, "tokens_per_second": 60},
+        )  # fmt: skip
+        first = await read_sse(ca, account.token, message["id"], stop_after=6)
+        cursor = int(first.events[-1].id)
+        # SSE resume at B with Last-Event-ID.
+        rest = await read_sse(cb, account.token, message["id"], last_event_id=cursor)
+        # Merge-on-read: a replayed run of deltas arrives as one frame with its last seq.
+        assert rest.events[0].data["seq"] > cursor
+        sse_all = [e.data for e in first.events + rest.events]
+        assert_exact_sequence(sse_all)
+        assert sse_all[-1]["type"] == "done" and sse_all[-1]["status"] == "complete"
+        # WS resume at B with `after`, from the same cursor.
+        ws = await ChatSocket.connect(b.ws_url, account.token)
+        await ws.send({"type": "subscribe", "message_id": message["id"], "after": cursor})
+        ws_rest = await ws.events_until_done(message["id"])
+        await ws.close()
+        assert ws_rest[0]["seq"] > cursor
+        assert text_of(ws_rest) == text_of([e.data for e in rest.events])
+        persisted = (
+            await cb.get(f"/api/messages/{message['id']}/", headers=auth(account.token))
+        ).json()
+        assert text_of(sse_all) == persisted["content"]
+
+
+async def test_live_follow_from_another_process(daphne, account):
+    a, b = daphne("a"), daphne("b")
+    async with (
+        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+    ):
+        conversation = await create_conversation(ca, account.token)
+        message = await post_message(
+            ca, account.token, conversation, "hi",
+            simulation={"length": 40, "tokens_per_second": 40},
+        )  # fmt: skip
+        remote, local = await asyncio.gather(
+            read_sse(cb, account.token, message["id"]),
+            read_sse(ca, account.token, message["id"]),
+        )
+        remote_events = [e.data for e in remote.events]
+        assert_exact_sequence(remote_events)
+        assert sum(1 for e in remote_events if e["type"] == "delta") >= 3
+        assert text_of(remote_events) == text_of([e.data for e in local.events])
+
+
+async def test_stop_from_another_process_cancels_the_generation(daphne, account, emulator):
+    env = {"ENGINE_URL": emulator, "ENGINE_MODEL": "test-model"}
+    a, b = daphne("a", **env), daphne("b", **env)
+    async with (
+        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+    ):
+        conversation = await create_conversation(ca, account.token)
+        message = await post_message(
+            ca, account.token, conversation, '[[emu {"tokens": 2000, "tokens_per_second": 50}]]'
+        )
+        url = f"/api/messages/{message['id']}/stream/"
+        async with ca.stream("GET", url, headers=auth(account.token)) as response:
+            seen = []
+            async for item in iter_sse(response):
+                if isinstance(item, str):
+                    continue
+                seen.append(item.data)
+                if len(seen) == 4:
+                    stopped = await cb.post(
+                        f"/api/messages/{message['id']}/cancel/", headers=auth(account.token)
+                    )
+                    assert stopped.status_code == 200
+                    assert stopped.json()["status"] == "cancelled"
+                if item.data["type"] == "done":
+                    break
+        assert seen[-1]["type"] == "done" and seen[-1]["status"] == "cancelled"
+        from tests.emulator.server import wait_for_request_end
+
+        record = await asyncio.to_thread(wait_for_request_end, emulator, f"{message['id']}.0", 10)
+        assert record["outcome"] == "aborted"
+        persisted = (
+            await ca.get(f"/api/messages/{message['id']}/", headers=auth(account.token))
+        ).json()
+        assert persisted["status"] == "cancelled"
+        assert persisted["content"] == text_of(seen)
+        assert persisted["content"], "the partial answer is kept"
+
+
+async def test_killed_process_is_reaped_and_nothing_is_lost(daphne, account):
+    fast_reaper = {"STREAM_HEARTBEAT_INTERVAL": "0.3", "STREAM_HEARTBEAT_TIMEOUT": "1.5"}
+    a, b = daphne("a", **fast_reaper), daphne("b", **fast_reaper)
+    async with (
+        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+    ):
+        assert (await cb.get("/healthz")).status_code == 200  # B is up and beating
+        conversation = await create_conversation(ca, account.token)
+        message = await post_message(
+            ca, account.token, conversation, "tell me a long story",
+            simulation={"length": 3000, "tokens_per_second": 40},
+        )  # fmt: skip
+        url = f"/api/messages/{message['id']}/stream/"
+        seen: list[dict] = []
+        async with cb.stream("GET", url, headers=auth(account.token)) as response:
+            async for item in iter_sse(response):
+                if isinstance(item, str):
+                    continue
+                seen.append(item.data)
+                if len(seen) == 10:
+                    a.kill()  # SIGKILL mid-stream: no chance to clean up
+                if item.data["type"] == "done":
+                    break
+        done = seen[-1]
+        assert done["type"] == "done" and done["status"] == "interrupted"
+        assert_exact_sequence(seen)
+        persisted = await wait_for_status(cb, account.token, message["id"])
+        assert persisted["status"] == "interrupted"
+        assert persisted["content"] == text_of(seen)
+        assert len(persisted["content"]) > 0
+        assert persisted["segments"][0]["status"] == "interrupted"
+        assert persisted["last_seq"] == done["seq"]

@@ -1,0 +1,132 @@
+"""WebSocket transport over real sockets against real Daphne processes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import websockets
+
+from tests.support.clients import auth, create_conversation, post_message, read_sse, seqs, text_of
+from tests.support.wsclient import ChatSocket
+
+pytestmark = pytest.mark.asyncio
+
+MULTILINGUAL = "こんにちは、世界！ مرحبا 👩🏽‍💻 🇫🇷 café"
+
+
+async def test_sse_and_ws_readers_get_identical_events(daphne, account):
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "hi",
+            simulation={"text": MULTILINGUAL, "tokens_per_second": 40},
+        )  # fmt: skip
+        ws = await ChatSocket.connect(server.ws_url, account.token)
+        await ws.send({"type": "subscribe", "message_id": message["id"], "after": 0})
+        sse_task = asyncio.create_task(read_sse(client, account.token, message["id"]))
+        ws_events = await ws.events_until_done(message["id"])
+        sse_events = [e.data for e in (await sse_task).events]
+        await ws.close()
+        # Merging may group deltas differently per reader; the sequence of text is identical.
+        assert text_of(ws_events) == text_of(sse_events) == MULTILINGUAL
+        assert ws_events[-1]["seq"] == sse_events[-1]["seq"]
+        assert {k: v for k, v in ws_events[-1].items() if k != "message_id"} == sse_events[-1]
+        persisted = (
+            await client.get(f"/api/messages/{message['id']}/", headers=auth(account.token))
+        ).json()
+        assert persisted["content"] == MULTILINGUAL
+
+
+async def test_create_over_ws_streams_incrementally(daphne, account):
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+    ws = await ChatSocket.connect(server.ws_url, account.token)
+    await ws.send(
+        {
+            "type": "message.create",
+            "conversation": conversation,
+            "content": "hello",
+            "params": {"simulation": {"length": 20, "tokens_per_second": 40}},
+            "ref": 7,
+        }
+    )
+    created = await ws.recv_until("message.created")
+    message_id = created[-1]["message_id"]
+    assert created[-1]["ref"] == 7
+    events = await ws.events_until_done(message_id)
+    await ws.close()
+    assert events[0]["type"] == "start"
+    assert sum(1 for e in events if e["type"] == "delta") >= 3
+    assert events[-1]["status"] == "complete"
+    assert seqs(events) == sorted(set(seqs(events)))
+
+
+async def test_bad_frames_get_error_frames_and_the_socket_keeps_working(
+    daphne, account, other_account
+):
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, other_account.token)
+        foreign = await post_message(
+            client, other_account.token, conversation, "x", simulation={"length": 3}
+        )
+    ws = await ChatSocket.connect(server.ws_url, account.token)
+    await ws.conn.send("{not json")
+    assert (await ws.recv())["code"] == "invalid_json"
+    await ws.conn.send(b"\x00\x01")
+    assert (await ws.recv())["code"] == "binary_frame"
+    await ws.send({"type": "teleport"})
+    assert (await ws.recv())["code"] == "unknown_type"
+    await ws.send({"type": "subscribe", "message_id": foreign["id"]})
+    error = await ws.recv()
+    assert error["type"] == "error" and error["code"] == "not_found"
+    await ws.send({"type": "subscribe", "message_id": "not-a-uuid"})
+    assert (await ws.recv())["code"] == "not_found"
+    await ws.send({"type": "subscribe", "message_id": foreign["id"], "after": -1})
+    assert (await ws.recv())["code"] == "invalid_cursor"
+    await ws.send({"type": "ping", "ref": "p1"})
+    assert await ws.recv() == {"type": "pong", "ref": "p1"}
+    await ws.close()
+
+
+async def test_handshake_rules(daphne, account):
+    server = daphne()
+    # A foreign Origin with no token is refused at the handshake (cross-site hijacking).
+    with pytest.raises(websockets.exceptions.InvalidStatus):
+        await ChatSocket.connect(server.ws_url, origin="https://evil.example")
+    # No credentials: connected but anonymous until an auth frame.
+    ws = await ChatSocket.connect(server.ws_url)
+    await ws.send({"type": "subscribe", "message_id": "00000000-0000-0000-0000-000000000000"})
+    assert (await ws.recv())["code"] == "not_authenticated"
+    await ws.send({"type": "auth", "token": account.token})
+    assert (await ws.recv())["type"] == "authenticated"
+    await ws.send({"type": "ping"})
+    assert (await ws.recv())["type"] == "pong"
+    await ws.close()
+    # A token at the handshake needs no Origin, even a foreign one.
+    ws = await ChatSocket.connect(server.ws_url, account.token, origin="https://evil.example")
+    await ws.send({"type": "ping"})
+    assert (await ws.recv())["type"] == "pong"
+    await ws.close()
+
+
+async def test_heartbeats_and_pings_during_a_slow_first_token(daphne, account):
+    server = daphne(STREAM_PING_INTERVAL="0.3")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "hi",
+            simulation={"ttft_ms": 1500, "length": 3, "tokens_per_second": 100},
+        )  # fmt: skip
+        ws = await ChatSocket.connect(server.ws_url, account.token)
+        await ws.send({"type": "subscribe", "message_id": message["id"]})
+        sse = await read_sse(client, account.token, message["id"])
+        frames = await ws.recv_until("done", message["id"])
+        await ws.close()
+    assert ": ping" in sse.comments
+    assert sse.events[-1].data["type"] == "done"
+    assert any(f["type"] == "heartbeat" for f in frames)
