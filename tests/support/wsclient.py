@@ -41,10 +41,8 @@ class ChatSocket:
 
     async def events_until_done(self, message_id: str) -> list[dict[str, Any]]:
         frames = await self.recv_until("done", message_id)
-        return [
-            f for f in frames
-            if f.get("message_id") == message_id and f["type"] in ("start", "delta", "error", "done")
-        ]  # fmt: skip
+        kinds = ("start", "delta", "error", "done")
+        return [f for f in frames if f.get("message_id") == message_id and f["type"] in kinds]
 
     async def close(self) -> None:
         await self.conn.close()
