@@ -44,6 +44,10 @@ CANCEL_STATUSES = {
 }
 
 
+class Cancelled(Exception):
+    """Raised inside the run when a cancel arrived while an event was being emitted."""
+
+
 @dataclass(slots=True)
 class SegmentPlan:
     """Everything a generation needs, read from the database when the segment was created."""
@@ -71,6 +75,7 @@ class Generation:
         self.termination: Termination | None = None
         self.task: asyncio.Task[None] | None = None
         self._finalizing = False
+        self._waiting_for_engine = False
         self._abandon_timer: asyncio.TimerHandle | None = None
         self._persisted_seq = plan.first_seq - 1
         self.started_at = time.monotonic()
@@ -84,11 +89,16 @@ class Generation:
         )
 
     def cancel(self, reason: str) -> bool:
-        """Ask the generation to end with ``reason``; False if it is already ending."""
+        """Ask the generation to end with ``reason``; False if it is already ending.
+
+        Only a wait on the engine is interrupted: an event being appended to the log is
+        never cut in half, so what readers got, the log and the record always agree.
+        """
         if self._finalizing or self.task is None or self.task.done() or self.cancel_reason:
             return False
         self.cancel_reason = reason
-        self.task.cancel()
+        if self._waiting_for_engine:
+            self.task.cancel()
         return True
 
     def readers_changed(self, count: int) -> None:
@@ -182,9 +192,9 @@ class Generation:
             termination.error_code = None if exc.code is None else str(exc.code)
             metrics.engine_error(exc.type)
             await self._emit_error(exc)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, Cancelled) as exc:
             task = asyncio.current_task()
-            if task is not None:
+            if isinstance(exc, asyncio.CancelledError) and task is not None:
                 task.uncancel()
             reason = self.cancel_reason or Status.INTERRUPTED.value
             termination.status = CANCEL_STATUSES.get(reason, Status.INTERRUPTED).value
@@ -230,11 +240,16 @@ class Generation:
         completion_tokens = 0
         first_token = True
         while True:
+            if self.cancel_reason is not None:
+                raise Cancelled
+            self._waiting_for_engine = True
             try:
                 async with asyncio.timeout(stall):
                     chunk: EngineChunk = await anext(stream)
             except StopAsyncIteration:
                 return False
+            finally:
+                self._waiting_for_engine = False
             if chunk.usage is not None:
                 termination.prompt_tokens = chunk.usage.prompt_tokens
                 completion_tokens = max(completion_tokens, chunk.usage.completion_tokens)
@@ -297,6 +312,9 @@ class Generation:
         owned = await self._persist_final(content, done_seq, termination)
         try:
             if owned:
+                # Counted before readers can see the `done`, so a scrape after it includes it.
+                metrics.STREAM_GENERATIONS_ENDED.labels(status=termination.status).inc()
+                metrics.GENERATED_TOKENS.inc(termination.completion_tokens)
                 done = events.done(
                     done_seq, segment=plan.segment_index, termination=termination.as_dict()
                 )
@@ -307,8 +325,6 @@ class Generation:
                     log.warning("terminal event already in the log")
                 with contextlib.suppress(Exception):
                     await rt.log.finish(plan.message_id)
-                metrics.STREAM_GENERATIONS_ENDED.labels(status=termination.status).inc()
-                metrics.GENERATED_TOKENS.inc(termination.completion_tokens)
                 log.info(
                     "generation ended: %s (%d tokens, %d chars)",
                     termination.status,

@@ -33,6 +33,9 @@ from streaming.worker import WORKER_ID, heartbeat_ttl_ms, worker_key
 
 log = logging.getLogger(__name__)
 
+# On shutdown, how long readers get to send their terminal events after generations ended.
+READER_FLUSH_SECONDS = 3.0
+
 
 class Runtime:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -66,7 +69,12 @@ class Runtime:
     async def _start(self) -> None:
         await self.control.start()
         if self.redis is not None:
-            await self._beat()
+            # Redis down at start-up must not keep the loops from starting (nor fail the
+            # request that starts them, such as /readyz): the heartbeat loop retries.
+            try:
+                await self._beat()
+            except Exception:
+                log.warning("first heartbeat failed (Redis unreachable?)")
         self.spawn(self._heartbeat_loop(), "heartbeat")
         self.spawn(self._flush_loop(), "write-behind")
         self.spawn(self._reaper_loop(), "reaper")
@@ -173,6 +181,12 @@ class Runtime:
 
     async def drain_and_stop(self) -> None:
         await self.drain(settings.STREAM_SHUTDOWN_DEADLINE)
+        # Let attached readers write the terminal events before connections are dropped.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(READER_FLUSH_SECONDS):
+                while self.presence.local:
+                    await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)  # one more turn for the transports to flush their buffers
         _stop_reactor()
 
     async def drain(self, deadline: float) -> None:

@@ -1,0 +1,169 @@
+"""Continue: a new segment on the same message, the engine picking up mid-sentence."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.emulator.server import wait_for_request_end
+from tests.support.clients import (
+    auth,
+    create_conversation,
+    iter_sse,
+    post_message,
+    read_sse,
+    text_of,
+    wait_for_status,
+)
+from tests.support.wsclient import ChatSocket
+
+pytestmark = pytest.mark.asyncio
+
+PROMPT = '[[emu {"tokens": 40, "tokens_per_second": 200}]]'
+
+
+async def continue_and_read(client, token, message_id: str) -> tuple[dict, list[dict]]:
+    response = await client.post(f"/api/messages/{message_id}/continue/", headers=auth(token))
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert body["id"] == message_id and body["status"] == "streaming"
+    result = await read_sse(client, token, message_id, after=body["after"])
+    return body, [e.data for e in result.events]
+
+
+def assert_segments_tile_the_content(message: dict) -> None:
+    content = message["content"]
+    segments = message["segments"]
+    assert segments[0]["start_offset"] == 0
+    for before, after in zip(segments, segments[1:], strict=False):
+        assert before["end_offset"] == after["start_offset"]
+    assert segments[-1]["end_offset"] == len(content)
+
+
+async def test_continue_after_truncation(daphne, account, emulator):
+    server = daphne(ENGINE_URL=emulator, ENGINE_MODEL="test-model")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(client, account.token, conversation, PROMPT, max_tokens=8)
+        first = [e.data for e in (await read_sse(client, account.token, message["id"])).events]
+        assert first[-1]["status"] == "truncated"
+        partial = text_of(first)
+
+        body, second = await continue_and_read(client, account.token, message["id"])
+        assert body["after"] == first[-1]["seq"]
+        assert second[0]["type"] == "start" and second[0]["segment"] == 1
+        assert second[0]["seq"] == first[-1]["seq"] + 1, "seq continues on the same stream"
+        assert second[-1]["type"] == "done"
+
+        record = await asyncio.to_thread(wait_for_request_end, emulator, f"{message['id']}.1", 10)
+        sent = record["body"]
+        assert sent["continue_final_message"] is True
+        assert sent["add_generation_prompt"] is False
+        assert sent["messages"][-1] == {"role": "assistant", "content": partial}
+
+        final = await wait_for_status(client, account.token, message["id"])
+    assert final["content"] == partial + text_of(second)
+    assert [s["index"] for s in final["segments"]] == [0, 1]
+    assert final["segments"][0]["status"] == "truncated"
+    assert_segments_tile_the_content(final)
+    assert final["segments"][1]["start_offset"] == len(partial)
+
+
+async def test_continue_after_cancel_over_websocket(daphne, account):
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        ws = await ChatSocket.connect(server.ws_url, account.token)
+        await ws.send(
+            {
+                "type": "message.create",
+                "conversation": conversation,
+                "content": "long",
+                "params": {"simulation": {"length": 400, "tokens_per_second": 60}},
+            }
+        )
+        message_id = (await ws.recv_until("message.created"))[-1]["message_id"]
+        first = await ws.recv_until("delta", message_id)
+        await ws.send({"type": "cancel", "message_id": message_id})
+        first += await ws.recv_until("done", message_id)
+        assert first[-1]["status"] == "cancelled"
+        await ws.send({"type": "continue", "message_id": message_id})
+        second = await ws.events_until_done(message_id)
+        await ws.close()
+        assert second[0]["type"] == "start" and second[0]["seq"] == first[-1]["seq"] + 1
+        final = await wait_for_status(client, account.token, message_id)
+    assert final["segments"][0]["status"] == "cancelled"
+    assert final["status"] == second[-1]["status"]
+    first_text = text_of([f for f in first if f.get("message_id") == message_id])
+    assert final["content"] == first_text + text_of(second)
+    assert_segments_tile_the_content(final)
+
+
+async def test_continue_refuses_streaming_and_complete_messages(daphne, account, other_account):
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "hi",
+            simulation={"length": 400, "tokens_per_second": 20},
+        )  # fmt: skip
+        url = f"/api/messages/{message['id']}/continue/"
+        busy = await client.post(url, headers=auth(account.token))
+        assert busy.status_code == 409
+        assert "streaming" in busy.json()["error"]["message"]
+        foreign = await client.post(url, headers=auth(other_account.token))
+        assert foreign.status_code == 404
+        await client.post(f"/api/messages/{message['id']}/cancel/", headers=auth(account.token))
+        done = await post_message(
+            client, account.token, conversation, "x", simulation={"length": 3}
+        )
+        await wait_for_status(client, account.token, done["id"])
+        finished = await client.post(
+            f"/api/messages/{done['id']}/continue/", headers=auth(account.token)
+        )
+        assert finished.status_code == 409
+        assert finished.json()["error"]["code"] == "conflict"
+
+
+@pytest.mark.usefixtures("needs_redis")
+async def test_continue_after_interruption(daphne, account, emulator):
+    env = {
+        "ENGINE_URL": emulator,
+        "ENGINE_MODEL": "test-model",
+        "STREAM_HEARTBEAT_INTERVAL": "0.3",
+        "STREAM_HEARTBEAT_TIMEOUT": "1.5",
+    }
+    a, b = daphne("a", **env), daphne("b", **env)
+    async with (
+        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+    ):
+        assert (await cb.get("/healthz")).status_code == 200
+        conversation = await create_conversation(ca, account.token)
+        message = await post_message(
+            ca, account.token, conversation, '[[emu {"tokens": 3000, "tokens_per_second": 40}]]'
+        )
+        seen: list[dict] = []
+        url = f"/api/messages/{message['id']}/stream/"
+        async with cb.stream("GET", url, headers=auth(account.token)) as response:
+            async for item in iter_sse(response):
+                if isinstance(item, str):
+                    continue
+                seen.append(item.data)
+                if len(seen) == 6:
+                    a.kill()
+                if item.data["type"] == "done":
+                    break
+        assert seen[-1]["status"] == "interrupted"
+        partial = text_of(seen)
+        body, second = await continue_and_read(cb, account.token, message["id"])
+        assert second[0]["seq"] == seen[-1]["seq"] + 1
+        record = await asyncio.to_thread(wait_for_request_end, emulator, f"{message['id']}.1", 10)
+        assert record["body"]["continue_final_message"] is True
+        assert record["body"]["messages"][-1]["content"] == partial
+        final = await wait_for_status(cb, account.token, message["id"])
+    assert final["content"] == partial + text_of(second)
+    assert [s["status"] for s in final["segments"]][0] == "interrupted"
+    assert_segments_tile_the_content(final)
