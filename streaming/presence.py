@@ -9,6 +9,7 @@ call, remotely over the control channel.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from streaming.worker import worker_key
@@ -27,9 +28,13 @@ class Presence:
         self.runtime = runtime
         self.redis = redis
         self.local: dict[str, int] = {}
+        # Set while no reader is attached in this process (shutdown waits for it).
+        self.idle = asyncio.Event()
+        self.idle.set()
 
     async def attach(self, message_id: str) -> None:
         self.local[message_id] = self.local.get(message_id, 0) + 1
+        self.idle.clear()
         await self._publish(message_id, 1)
 
     async def detach(self, message_id: str) -> None:
@@ -38,6 +43,8 @@ class Presence:
             self.local[message_id] = left
         else:
             self.local.pop(message_id, None)
+            if not self.local:
+                self.idle.set()
         await self._publish(message_id, -1)
 
     async def _publish(self, message_id: str, change: int) -> None:

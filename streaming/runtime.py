@@ -184,8 +184,7 @@ class Runtime:
         # Let attached readers write the terminal events before connections are dropped.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(READER_FLUSH_SECONDS):
-                while self.presence.local:
-                    await asyncio.sleep(0.05)
+                await self.presence.idle.wait()
         await asyncio.sleep(0.1)  # one more turn for the transports to flush their buffers
         _stop_reactor()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import httpx
 import pytest
@@ -37,7 +38,7 @@ def assert_segments_tile_the_content(message: dict) -> None:
     content = message["content"]
     segments = message["segments"]
     assert segments[0]["start_offset"] == 0
-    for before, after in zip(segments, segments[1:], strict=False):
+    for before, after in itertools.pairwise(segments):
         assert before["end_offset"] == after["start_offset"]
     assert segments[-1]["end_offset"] == len(content)
 
@@ -158,12 +159,12 @@ async def test_continue_after_interruption(daphne, account, emulator):
                     break
         assert seen[-1]["status"] == "interrupted"
         partial = text_of(seen)
-        body, second = await continue_and_read(cb, account.token, message["id"])
+        _body, second = await continue_and_read(cb, account.token, message["id"])
         assert second[0]["seq"] == seen[-1]["seq"] + 1
         record = await asyncio.to_thread(wait_for_request_end, emulator, f"{message['id']}.1", 10)
         assert record["body"]["continue_final_message"] is True
         assert record["body"]["messages"][-1]["content"] == partial
         final = await wait_for_status(cb, account.token, message["id"])
     assert final["content"] == partial + text_of(second)
-    assert [s["status"] for s in final["segments"]][0] == "interrupted"
+    assert next(s["status"] for s in final["segments"]) == "interrupted"
     assert_segments_tile_the_content(final)

@@ -47,7 +47,7 @@ def closed_port() -> int:
 
 
 async def test_complete(daphne, account):
-    events, message = await run_one(daphne(), account, "hi", simulation={"length": 12})
+    _events, message = await run_one(daphne(), account, "hi", simulation={"length": 12})
     assert message["status"] == "complete"
     assert message["termination"]["finish_reason"] == "stop"
     assert message["termination"]["ttft_ms"] > 0
