@@ -1,0 +1,84 @@
+"""A client that stops reading: the server stops writing to it, closes it after the lag
+budget, and the client resumes losslessly from its cursor."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.clients import auth, create_conversation, post_message, read_sse, text_of
+
+pytestmark = pytest.mark.asyncio
+
+
+def slow_closes(metrics_text: str) -> float:
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == "chat_slow_consumer_closes":
+            return sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return 0.0
+
+
+def parse_sse_bytes(raw: bytes) -> list[dict]:
+    import json
+
+    body = raw.split(b"\r\n\r\n", 1)[1].decode()
+    return [
+        json.loads(line[6:])
+        for block in body.split("\n\n")
+        for line in block.split("\n")
+        if line.startswith("data: ")
+    ]
+
+
+async def test_unread_stream_is_bounded_and_resumes_exactly(daphne, account):
+    server = daphne(
+        send_buffer=4096,
+        STREAM_SEND_BUFFER_LIMIT="2048",
+        STREAM_SLOW_CONSUMER_TIMEOUT="1",
+        STREAM_MIN_WRITE_INTERVAL="0",
+    )
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "flood",
+            max_tokens=4000, simulation={"length": 4000, "tokens_per_second": 4000},
+        )  # fmt: skip
+        # A raw connection with a tiny receive window that reads nothing for now.
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", server.port))
+        request = (
+            f"GET /api/messages/{message['id']}/stream/ HTTP/1.0\r\n"
+            f"Host: 127.0.0.1\r\nAuthorization: Token {account.token}\r\n\r\n"
+        )
+        sock.sendall(request.encode())
+        # The server gives up on it: an event observable from outside, via /metrics.
+        async with asyncio.timeout(60):
+            while slow_closes((await client.get("/metrics")).text) < 1:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        raw = b""
+        while chunk := await loop.sock_recv(sock, 65536):
+            raw += chunk
+        sock.close()
+        stalled_events = parse_sse_bytes(raw)
+        assert stalled_events and stalled_events[-1]["type"] != "done"
+        cursor = stalled_events[-1]["seq"]
+        rest = await read_sse(client, account.token, message["id"], last_event_id=cursor)
+        rest_events = [e.data for e in rest.events]
+        persisted = (
+            await client.get(f"/api/messages/{message['id']}/", headers=auth(account.token))
+        ).json()
+    # The generation finished long before the client read anything, yet the server had not
+    # queued the rest of the stream for it (no `done` reached the stalled connection): it
+    # stopped writing at the buffer limit instead of buffering the whole answer.
+    assert persisted["status"] == "complete"
+    assert text_of(rest_events)
+    assert len(raw) < 64 * 1024
+    assert text_of(stalled_events) + text_of(rest_events) == persisted["content"]
+    assert rest_events[-1]["type"] == "done"
