@@ -1,0 +1,97 @@
+"""The same replay/follow contract for both stream log backends."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from streaming import events
+from streaming.streamlog import SeqConflict, StreamLog
+from streaming.streamlog.memory import MemoryStreamLog
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def log(request: pytest.FixtureRequest) -> AsyncIterator[StreamLog]:
+    if request.param == "memory":
+        yield MemoryStreamLog()
+        return
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        pytest.skip("needs REDIS_URL")
+    from streaming.streamlog.redis import RedisStreamLog
+
+    backend = RedisStreamLog(url)
+    yield backend
+    await backend.close()
+
+
+def deltas(first: int, count: int) -> list[dict]:
+    return [events.delta(seq, f"t{seq} ") for seq in range(first, first + count)]
+
+
+async def test_replay_after_a_cursor(log: StreamLog):
+    mid = str(uuid.uuid4())
+    await log.append(mid, [events.start(1, message_id=mid, segment=0, model="m")])
+    await log.append(mid, deltas(2, 5))
+    assert [e["seq"] for e in await log.read(mid, 0)] == [1, 2, 3, 4, 5, 6]
+    assert [e["seq"] for e in await log.read(mid, 4)] == [5, 6]
+    assert await log.read(mid, 6) == []
+    assert await log.last_seq(mid) == 6
+    assert (await log.read(mid, 1))[0] == {"seq": 2, "type": "delta", "text": "t2 "}
+
+
+async def test_follow_replays_then_follows_live_until_done(log: StreamLog):
+    mid = str(uuid.uuid4())
+    await log.append(mid, deltas(1, 3))
+    received: list[dict] = []
+    first_batch = asyncio.Event()
+
+    async def follow() -> None:
+        async for batch in log.follow(mid, 1):
+            received.extend(batch)
+            first_batch.set()
+
+    task = asyncio.create_task(follow())
+    await first_batch.wait()
+    assert [e["seq"] for e in received] == [2, 3]
+    await log.append(mid, deltas(4, 2))
+    await log.append(mid, [events.done(6, segment=0, termination={"status": "complete"})])
+    await asyncio.wait_for(task, 10)
+    assert [e["seq"] for e in received] == [2, 3, 4, 5, 6]
+    assert received[-1]["type"] == "done"
+
+
+async def test_duplicate_or_older_seq_is_rejected(log: StreamLog):
+    mid = str(uuid.uuid4())
+    await log.append(mid, deltas(1, 2))
+    with pytest.raises(SeqConflict):
+        await log.append(mid, [events.done(2, segment=0, termination={"status": "x"})])
+    assert await log.last_seq(mid) == 2
+
+
+async def test_concurrent_appends_keep_order_per_message(log: StreamLog):
+    ids = [str(uuid.uuid4()) for _ in range(20)]
+
+    async def write(mid: str) -> None:
+        for seq in range(1, 31):
+            await log.append(mid, [events.delta(seq, str(seq))])
+
+    await asyncio.gather(*(write(mid) for mid in ids))
+    for mid in ids:
+        assert [e["seq"] for e in await log.read(mid, 0)] == list(range(1, 31))
+
+
+async def test_finish_and_delete(log: StreamLog):
+    mid = str(uuid.uuid4())
+    await log.append(mid, deltas(1, 2))
+    await log.finish(mid)
+    assert len(await log.read(mid, 0)) == 2
+    await log.delete(mid)
+    assert await log.read(mid, 0) == []
+    assert await log.last_seq(mid) == 0

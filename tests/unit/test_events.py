@@ -1,0 +1,40 @@
+"""The event schema's framings and merge-on-read."""
+
+from __future__ import annotations
+
+import json
+
+from streaming import events
+
+
+def test_merge_collapses_runs_of_deltas_keeping_the_last_seq_and_first_stamp():
+    batch = [
+        events.start(1, message_id="m", segment=0, model="x"),
+        events.delta(2, "a", emitted_at=10.0),
+        events.delta(3, "b", emitted_at=11.0),
+        events.delta(4, "c"),
+        events.error(5, message="boom", type="E", code=1),
+        events.delta(6, "d"),
+        events.done(7, segment=0, termination={"status": "error"}),
+    ]
+    merged = events.merge(batch)
+    assert [e["type"] for e in merged] == ["start", "delta", "error", "delta", "done"]
+    assert merged[1] == {"seq": 4, "type": "delta", "text": "abc", "t": 10.0}
+    assert merged[3]["seq"] == 6
+    assert "".join(e["text"] for e in merged if e["type"] == "delta") == "abcd"
+
+
+def test_sse_frame_is_one_event_with_id_type_and_single_line_json():
+    frame = events.sse_frame(events.delta(9, "line1\nline2 👩‍👩‍👧 é"))
+    text = frame.decode()
+    assert text.endswith("\n\n")
+    lines = text.rstrip("\n").split("\n")
+    assert lines[0] == "id: 9"
+    assert lines[1] == "event: delta"
+    assert lines[2].startswith("data: ") and len(lines) == 3
+    assert json.loads(lines[2][6:])["text"] == "line1\nline2 👩‍👩‍👧 é"
+
+
+def test_ws_frame_adds_the_message_id():
+    payload = json.loads(events.ws_frame(events.delta(3, "x"), "mid"))
+    assert payload == {"seq": 3, "type": "delta", "text": "x", "message_id": "mid"}

@@ -1,0 +1,47 @@
+"""Generation params: every bad value names its field."""
+
+from __future__ import annotations
+
+import pytest
+
+from streaming.params import ParamError, validate_params
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"max_tokens": 0}, "params.max_tokens"),
+        ({"max_tokens": 10**9}, "params.max_tokens"),
+        ({"max_tokens": "5"}, "params.max_tokens"),
+        ({"max_tokens": True}, "params.max_tokens"),
+        ({"temperature": 3}, "params.temperature"),
+        ({"top_p": -0.1}, "params.top_p"),
+        ({"stop": [""]}, "params.stop"),
+        ({"stop": ["x"] * 50}, "params.stop"),
+        ({"stop": 5}, "params.stop"),
+        ({"seed": 1.5}, "params.seed"),
+        ({"bogus": 1}, "params.bogus"),
+        ({"simulation": {"nope": 1}}, "params.simulation"),
+        ([], "params"),
+    ],
+)
+def test_invalid_params_name_the_field(raw, field):
+    with pytest.raises(ParamError) as info:
+        validate_params(raw, accepts_simulation=True)
+    assert info.value.field == field
+
+
+def test_simulation_only_with_the_simulated_engine():
+    with pytest.raises(ParamError) as info:
+        validate_params({"simulation": {"length": 3}}, accepts_simulation=False)
+    assert "simulated engine" in info.value.message
+
+
+def test_valid_params_are_cleaned():
+    clean = validate_params(
+        {"max_tokens": 5, "temperature": 0.5, "stop": "END", "simulation": {"length": 3}},
+        accepts_simulation=True,
+    )
+    assert clean["stop"] == ["END"]
+    assert clean["max_tokens"] == 5
+    assert clean["simulation"]["length"] == 3
