@@ -23,6 +23,9 @@ from streaming.streamlog import StreamLog
 
 # Events kept in a topic beyond what attached readers still need, for quick resumes.
 TAIL_EVENTS = 32
+# A topic never holds more than this: a reader further behind reads back from the log, so a
+# stalled client cannot pin a whole answer in this process's memory.
+MAX_TOPIC_EVENTS = 512
 
 
 class Topic:
@@ -84,6 +87,8 @@ class Topic:
         keep_from = self.events[-TAIL_EVENTS]["seq"]
         if self.cursors:
             keep_from = min(keep_from, min(self.cursors.values()) + 1)
+        if len(self.events) > MAX_TOPIC_EVENTS:
+            keep_from = max(keep_from, self.events[-MAX_TOPIC_EVENTS]["seq"])
         drop = 0
         for event in self.events:
             if event["seq"] >= keep_from:
