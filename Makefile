@@ -21,6 +21,7 @@ migrate: install
 	$(BIN)/python manage.py migrate --noinput
 
 run: migrate
+	$(BIN)/python manage.py collectstatic --noinput -v0
 	$(BIN)/python manage.py ensure_demo_user
 	$(BIN)/daphne -b $(HOST) -p $(PORT) chatsite.asgi:application
 

@@ -15,9 +15,6 @@ benchmarked without a GPU, with output that is hard in the ways real output is h
 Like every engine it leaves stop strings to the generation service.
 """
 
-# The corpus is real CJK text, whose punctuation is fullwidth by design.
-# ruff: noqa: RUF001
-
 from __future__ import annotations
 
 import asyncio
