@@ -168,3 +168,46 @@ async def test_continue_after_interruption(daphne, account, emulator):
     assert final["content"] == partial + text_of(second)
     assert next(s["status"] for s in final["segments"]) == "interrupted"
     assert_segments_tile_the_content(final)
+
+
+@pytest.mark.usefixtures("needs_redis")
+async def test_interrupted_answers_continue_automatically_when_enabled(daphne, account):
+    env = {
+        "STREAM_HEARTBEAT_INTERVAL": "0.3",
+        "STREAM_HEARTBEAT_TIMEOUT": "1.5",
+        "STREAM_AUTO_CONTINUE_INTERRUPTED": "1",
+    }
+    a, b = daphne("a", **env), daphne("b", **env)
+    async with (
+        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+    ):
+        assert (await cb.get("/healthz")).status_code == 200
+        conversation = await create_conversation(ca, account.token)
+        message = await post_message(
+            ca, account.token, conversation, "story",
+            simulation={"length": 200, "tokens_per_second": 40},
+        )  # fmt: skip
+        first = await read_sse(cb, account.token, message["id"], stop_after=6)
+        a.kill()
+        rest = await read_sse(
+            cb, account.token, message["id"], last_event_id=int(first.events[-1].id)
+        )
+        assert rest.events[-1].data["status"] == "interrupted"
+        interrupted_at = rest.events[-1].data["seq"]
+        # The surviving process continues the same message on its own (its new segment is
+        # created right after the reap; wait for it to exist before reading it).
+        async with asyncio.timeout(30):
+            while True:  # the state of another process: poll it
+                url = f"/api/messages/{message['id']}/"
+                if len((await cb.get(url, headers=auth(account.token))).json()["segments"]) == 2:
+                    break
+                await asyncio.sleep(0.05)
+        tail = await read_sse(cb, account.token, message["id"], after=interrupted_at)
+        final = await wait_for_status(cb, account.token, message["id"])
+    assert tail.events[0].data["type"] == "start" and tail.events[0].data["segment"] == 1
+    assert final["segments"][0]["status"] == "interrupted"
+    assert len(final["segments"]) == 2
+    assert final["segments"][1]["worker"] != final["segments"][0]["worker"]
+    text = text_of([e.data for e in first.events + rest.events + tail.events])
+    assert final["content"] == text
