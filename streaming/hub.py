@@ -149,17 +149,10 @@ class Hub:
         cursor = after
         try:
             while True:
-                if not topic.covers(cursor):
-                    backlog = await self.log.read(message_id, cursor)
-                    if backlog:
-                        cursor = backlog[-1]["seq"]
-                        topic.cursors[reader] = cursor
-                        yield backlog
-                        if backlog[-1]["type"] == DONE:
-                            return
-                        continue
-                    self._ensure_follower(topic, cursor)
-                batch = topic.after(cursor)
+                # Behind what the topic holds: read back from the log first.
+                batch = [] if topic.covers(cursor) else await self.log.read(message_id, cursor)
+                if not batch:
+                    batch = topic.after(cursor)
                 if batch:
                     cursor = batch[-1]["seq"]
                     topic.cursors[reader] = cursor
