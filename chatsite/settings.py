@@ -143,7 +143,14 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": "chat:layer"},
+            "CONFIG": {
+                # channels_redis blocks 5 s per receive; redis-py's default socket timeout
+                # is also 5 s, which turns every idle receive into a timeout error.
+                "hosts": [
+                    {"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 5}
+                ],
+                "prefix": "chat:layer",
+            },
         }
     }
 else:

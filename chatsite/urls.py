@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from streaming import health
+from streaming import health, pages
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -14,5 +14,12 @@ urlpatterns = [
     path("api/", include("streaming.urls")),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("", pages.chat, name="chat"),
     path("", include("django_prometheus.urls")),
 ]
+
+# JSON errors under /api/ and /v1/ (streaming.errors shape); Django's pages elsewhere.
+handler400 = "streaming.api.errors.bad_request"
+handler403 = "streaming.api.errors.permission_denied"
+handler404 = "streaming.api.errors.page_not_found"
+handler500 = "streaming.api.errors.server_error"

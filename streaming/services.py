@@ -14,6 +14,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from streaming.engines.base import ChatTurn, EngineRequest
@@ -130,6 +131,9 @@ def _engine_request(
 
 
 def _check_capacity(user: Any) -> None:
+    """Count the user's streaming answers under a lock on the user's row, so concurrent
+    requests in different conversations cannot both pass the limit (inside a transaction)."""
+    list(get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("pk"))
     running = Message.objects.filter(
         conversation__owner=user, role=Message.Role.ASSISTANT, status=Status.STREAMING
     ).count()

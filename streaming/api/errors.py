@@ -1,10 +1,17 @@
-"""DRF exception handler producing the one error shape (``streaming.errors``)."""
+"""The one error shape (``streaming.errors``) for the API, whoever raises the error.
+
+``exception_handler`` covers everything DRF views raise. The ``handler*`` views cover what
+Django answers before or outside a view (an unknown ``/api/`` URL, an uncaught exception):
+under ``/api/`` and ``/v1/`` they answer JSON too; elsewhere (admin, pages) Django's own
+pages stay.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
@@ -23,7 +30,14 @@ CODES = {
     413: "too_large",
     415: "unsupported_media_type",
     429: "throttled",
+    500: "server_error",
+    503: "unavailable",
 }
+
+# What API clients authenticate with, announced on every 401 (RFC 9110 requires one).
+AUTHENTICATE = 'Token realm="api"'
+
+JSON_PREFIXES = ("/api/", "/v1/")
 
 
 def _first_field_error(detail: Any, prefix: str = "") -> tuple[str | None, str]:
@@ -61,8 +75,43 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         message = str(exc.detail)
         if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
             response.status_code = status.HTTP_401_UNAUTHORIZED
+            response["WWW-Authenticate"] = AUTHENTICATE
             code = "not_authenticated"
+        elif isinstance(exc, exceptions.ParseError):
+            code = "invalid_body"
     else:
         message = str(exc)
     response.data = error_body(response.status_code, code, message, field)
     return response
+
+
+def _wants_json(request: HttpRequest) -> bool:
+    return request.path.startswith(JSON_PREFIXES)
+
+
+def _json(status_code: int, message: str) -> JsonResponse:
+    return JsonResponse(error_body(status_code, CODES[status_code], message), status=status_code)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if _wants_json(request):
+        return _json(400, "bad request")
+    return defaults.bad_request(request, exception)
+
+
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if _wants_json(request):
+        return _json(403, "you may not do this")
+    return defaults.permission_denied(request, exception)
+
+
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if _wants_json(request):
+        return _json(404, "not found")
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if _wants_json(request):
+        return _json(500, "internal server error")
+    return defaults.server_error(request)

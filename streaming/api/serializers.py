@@ -1,10 +1,15 @@
-"""API representations. Output only describes; writes go through ``streaming.services``."""
+"""API representations. Output only describes; writes go through ``streaming.services``.
+
+Generation parameters are validated by ``streaming.params`` (the same rules for every entry
+point); ``GenerationParamsSerializer`` only documents them in the OpenAPI schema.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from streaming.models import Conversation, Message, Segment
@@ -17,7 +22,7 @@ class ConversationSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "model", "created_at", "updated_at"]
         extra_kwargs = {
             "title": {"required": False, "max_length": 200},
-            "system_prompt": {"required": False, "max_length": 32000},
+            "system_prompt": {"required": False, "max_length": settings.MAX_MESSAGE_CHARS},
         }
 
 
@@ -32,6 +37,12 @@ class SegmentSerializer(serializers.ModelSerializer):
         ]  # fmt: skip
 
 
+class StreamUrlsSerializer(serializers.Serializer):
+    sse = serializers.CharField(help_text="GET this for the SSE stream")
+    ws = serializers.CharField(help_text='connect, then send {"type": "subscribe", ...}')
+    message_id = serializers.UUIDField()
+
+
 class MessageSerializer(serializers.ModelSerializer):
     segments = SegmentSerializer(many=True, read_only=True)
     stream = serializers.SerializerMethodField()
@@ -44,6 +55,7 @@ class MessageSerializer(serializers.ModelSerializer):
         ]  # fmt: skip
         read_only_fields = fields
 
+    @extend_schema_field(StreamUrlsSerializer(allow_null=True))
     def get_stream(self, message: Message) -> dict[str, str] | None:
         if message.role != Message.Role.ASSISTANT:
             return None
@@ -59,13 +71,68 @@ def stream_urls(request: Any, message: Message) -> dict[str, str]:
     return {"sse": sse, "ws": ws, "message_id": str(message.id)}
 
 
+class SimulationSerializer(serializers.Serializer):
+    """Only while the simulated engine is active (``ENGINE_URL`` unset)."""
+
+    ttft_ms = serializers.FloatField(required=False)
+    tokens_per_second = serializers.FloatField(required=False)
+    length = serializers.IntegerField(required=False)
+    text = serializers.CharField(required=False)
+    error_after_tokens = serializers.IntegerField(required=False)
+    stall_after_tokens = serializers.IntegerField(required=False)
+    seed = serializers.IntegerField(required=False)
+
+
+class GenerationParamsSerializer(serializers.Serializer):
+    max_tokens = serializers.IntegerField(
+        required=False, min_value=1, max_value=settings.MAX_TOKENS_CAP
+    )
+    temperature = serializers.FloatField(required=False, min_value=0, max_value=2)
+    top_p = serializers.FloatField(required=False, min_value=0, max_value=1)
+    stop = serializers.ListField(
+        child=serializers.CharField(max_length=200),
+        required=False,
+        max_length=settings.MAX_STOP_SEQUENCES,
+        help_text="a string or a list of strings",
+    )
+    seed = serializers.IntegerField(required=False)
+    simulation = SimulationSerializer(required=False)
+
+
+@extend_schema_field(GenerationParamsSerializer(allow_null=True))
+class GenerationParamsField(serializers.DictField):
+    """A JSON object passed on unchanged to ``streaming.params`` for validation."""
+
+
+class TextField(serializers.CharField):
+    """A string, not anything that can be turned into one (``42`` is not a message)."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class PostMessageSerializer(serializers.Serializer):
-    content = serializers.CharField(
+    content = TextField(
         max_length=settings.MAX_MESSAGE_CHARS, trim_whitespace=False, allow_blank=False
     )
-    params = serializers.DictField(required=False, allow_null=True)
+    params = GenerationParamsField(required=False, allow_null=True)
 
 
 class ExchangeSerializer(serializers.Serializer):
     user_message = MessageSerializer()
     message = MessageSerializer()
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    status = serializers.IntegerField()
+    code = serializers.CharField()
+    message = serializers.CharField()
+    field = serializers.CharField(required=False, help_text="the offending field, dotted")
+
+
+class ErrorSerializer(serializers.Serializer):
+    """``streaming.errors``: the shape of every 4xx/5xx answer."""
+
+    error = ErrorDetailSerializer()

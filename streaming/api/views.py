@@ -11,24 +11,62 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.db.models import QuerySet
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import generics, status
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from streaming import selectors, services
+from streaming.api.authentication import AUTHENTICATION_CLASSES
+from streaming.api.parsers import (
+    JSONBodyParser,
+    PayloadTooLarge,
+    body_limit,
+    declared_length,
+    too_large_detail,
+)
 from streaming.api.serializers import (
     ConversationSerializer,
+    ErrorSerializer,
     ExchangeSerializer,
     MessageSerializer,
     PostMessageSerializer,
 )
+from streaming.api.stopping import drop_logs, stop_generations
 from streaming.models import Conversation, Message
-from streaming.runtime import get_runtime
+from streaming.termination import Status
+
+# How long deleting a conversation waits for its running answers to end before the rows go.
+DELETE_STOP_WAIT = 5.0
+
+ERRORS = {
+    400: OpenApiResponse(ErrorSerializer, description="invalid request; `field` names it"),
+    401: OpenApiResponse(ErrorSerializer, description="not authenticated"),
+    403: OpenApiResponse(ErrorSerializer, description="CSRF token missing (session auth)"),
+    404: OpenApiResponse(ErrorSerializer, description="no such object of yours"),
+    413: OpenApiResponse(ErrorSerializer, description="request body too large"),
+}
+WAIT = OpenApiParameter("wait", bool, description="block until the answer ends")
 
 
-class ConversationList(generics.ListCreateAPIView):
+class JSONView(APIView):
+    """Every API view: JSON bodies only, bounded and valid UTF-8 on every unsafe method,
+    checked after authentication so anonymous callers learn nothing about the body rules."""
+
+    authentication_classes = AUTHENTICATION_CLASSES
+    parser_classes = [JSONBodyParser]
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        limit = body_limit()
+        if limit and declared_length(request.META) > limit:
+            raise PayloadTooLarge(too_large_detail(limit))
+        if request.method not in ("GET", "HEAD", "OPTIONS"):
+            request.data  # noqa: B018 - parse now: a bad body is a 400 whatever the view
+
+
+class ConversationList(JSONView, generics.ListCreateAPIView):
     serializer_class = ConversationSerializer
 
     def get_queryset(self) -> QuerySet[Conversation]:
@@ -41,8 +79,16 @@ class ConversationList(generics.ListCreateAPIView):
             system_prompt=serializer.validated_data.get("system_prompt", ""),
         )
 
+    @extend_schema(responses={200: ConversationSerializer(many=True), **ERRORS})
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
 
-class ConversationDetail(generics.RetrieveUpdateDestroyAPIView):
+    @extend_schema(responses={201: ConversationSerializer, **ERRORS})
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().post(request, *args, **kwargs)
+
+
+class ConversationDetail(JSONView, generics.RetrieveUpdateDestroyAPIView):
     serializer_class = ConversationSerializer
     lookup_url_kwarg = "conversation_id"
     http_method_names = ["get", "patch", "delete", "head", "options"]
@@ -50,32 +96,59 @@ class ConversationDetail(generics.RetrieveUpdateDestroyAPIView):
     def get_queryset(self) -> QuerySet[Conversation]:
         return selectors.conversations_of(self.request.user)
 
-    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        ids = services.delete_conversation(request.user, kwargs["conversation_id"])
-        async_to_sync(_drop_logs)(ids)
+    @extend_schema(responses={204: None, **ERRORS})
+    def delete(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Stop the conversation's running answers, then delete it, its messages and logs."""
+        conversation_id = kwargs["conversation_id"]
+        running = [
+            str(i)
+            for i in selectors.messages_of(request.user, conversation_id)
+            .filter(status=Status.STREAMING)
+            .values_list("id", flat=True)
+        ]
+        if running:
+            async_to_sync(stop_generations)(running, wait=DELETE_STOP_WAIT)
+        ids = services.delete_conversation(request.user, conversation_id)
+        async_to_sync(drop_logs)(ids)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-async def _drop_logs(message_ids: list[str]) -> None:
-    runtime = get_runtime()
-    for message_id in message_ids:
-        if message_id in runtime.generations:
-            await runtime.cancel(message_id, "cancelled")
-        await runtime.log.delete(message_id)
+def _wants_wait(request: Request) -> bool:
+    raw = request.query_params.get("wait", "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise serializers.ValidationError({"wait": "must be true or false"})
 
 
-class ConversationMessages(generics.ListAPIView):
+def _message_data(request: Request, message_id: Any) -> dict[str, Any]:
+    message = services.message_for(request.user, message_id)
+    return MessageSerializer(message, context={"request": request}).data
+
+
+class ConversationMessages(JSONView, generics.ListAPIView):
     serializer_class = MessageSerializer
 
     def get_queryset(self) -> QuerySet[Message]:
         return selectors.messages_of(self.request.user, self.kwargs["conversation_id"])
 
+    @extend_schema(responses={200: MessageSerializer(many=True), **ERRORS})
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
     @extend_schema(
         request=PostMessageSerializer,
-        responses={201: ExchangeSerializer},
-        parameters=[OpenApiParameter("wait", bool, description="block until the answer ends")],
+        responses={
+            201: ExchangeSerializer,
+            **ERRORS,
+            429: OpenApiResponse(ErrorSerializer, description="too many answers streaming"),
+        },
+        parameters=[WAIT],
     )
     def post(self, request: Request, conversation_id: Any) -> Response:
+        """Post a user message and start the answer; the answer's ``stream`` has its URLs."""
+        wait = _wants_wait(request)
         body = PostMessageSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         exchange = async_to_sync(services.post_message)(
@@ -84,54 +157,53 @@ class ConversationMessages(generics.ListAPIView):
             body.validated_data["content"],
             body.validated_data.get("params"),
         )
-        message = exchange.assistant_message
-        if _wants_wait(request):
-            async_to_sync(services.wait_until_ended)(str(message.id))
-        message = Message.objects.prefetch_related("segments").get(id=message.id)
+        message_id = str(exchange.assistant_message.id)
+        if wait:
+            async_to_sync(services.wait_until_ended)(message_id)
         context = {"request": request}
         data = {
             "user_message": MessageSerializer(exchange.user_message, context=context).data,
-            "message": MessageSerializer(message, context=context).data,
+            "message": _message_data(request, message_id),
         }
         return Response(data, status=status.HTTP_201_CREATED)
 
 
-def _wants_wait(request: Request) -> bool:
-    return request.query_params.get("wait", "").lower() in ("1", "true", "yes")
+class MessageDetail(JSONView):
+    @extend_schema(responses={200: MessageSerializer, **ERRORS})
+    def get(self, request: Request, message_id: Any) -> Response:
+        """Content, status, termination record and segments of one message."""
+        return Response(_message_data(request, message_id))
 
 
-class MessageDetail(generics.RetrieveAPIView):
-    serializer_class = MessageSerializer
-    lookup_url_kwarg = "message_id"
-
-    def get_queryset(self) -> QuerySet[Message]:
-        return Message.objects.filter(conversation__owner=self.request.user).prefetch_related(
-            "segments"
-        )
-
-
-class MessageCancel(APIView):
-    @extend_schema(request=None, responses={200: MessageSerializer})
+class MessageCancel(JSONView):
+    @extend_schema(request=None, responses={200: MessageSerializer, **ERRORS})
     def post(self, request: Request, message_id: Any) -> Response:
+        """Stop the answer wherever it is generated; answers with its final state."""
         message = async_to_sync(services.cancel_message)(request.user, message_id)
-        message = Message.objects.prefetch_related("segments").get(id=message.id)
-        return Response(MessageSerializer(message, context={"request": request}).data)
+        return Response(_message_data(request, message.id))
 
 
-class MessageContinue(APIView):
+class MessageContinue(JSONView):
     @extend_schema(
         request=None,
-        responses={202: MessageSerializer},
-        parameters=[OpenApiParameter("wait", bool, description="block until the answer ends")],
+        responses={
+            200: MessageSerializer,
+            202: MessageSerializer,
+            **ERRORS,
+            409: OpenApiResponse(ErrorSerializer, description="not a cut-off answer"),
+            429: OpenApiResponse(ErrorSerializer, description="too many answers streaming"),
+        },
+        parameters=[WAIT],
     )
     def post(self, request: Request, message_id: Any) -> Response:
+        """Append a segment to a cut-off answer; stream it from ``after``."""
+        wait = _wants_wait(request)
         exchange = async_to_sync(services.continue_message)(request.user, message_id)
         message_id = str(exchange.assistant_message.id)
         code = status.HTTP_202_ACCEPTED
-        if _wants_wait(request):
+        if wait:
             async_to_sync(services.wait_until_ended)(message_id)
             code = status.HTTP_200_OK
-        message = Message.objects.prefetch_related("segments").get(id=message_id)
-        data = MessageSerializer(message, context={"request": request}).data
+        data = _message_data(request, message_id)
         data["after"] = exchange.generation.plan.first_seq - 1
         return Response(data, status=code)

@@ -5,17 +5,25 @@ Redis itself reject a duplicate seq (``SeqConflict``). Appends from every genera
 the process are group-committed: whatever is queued while one pipeline is in flight goes
 out in the next one, so a thousand streams cost a few round trips per tick, not a
 thousand.
+
+Redis going away (a restart, a failover) is waited out: a batch whose connection failed
+is sent again with backoff for up to ``UNAVAILABLE_RETRY_SECONDS`` while later appends
+queue behind it, so the log keeps its order and the generations just pause; followers
+keep their cursor and resume reading when Redis answers again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 from django.conf import settings
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streaming.events import DONE, START, Event
 from streaming.streamlog.base import SeqConflict, StreamLog
@@ -24,6 +32,13 @@ KEY_PREFIX = "chat:log:"
 # Followers block this long per XREAD before re-checking; short enough to notice a
 # stream deleted under them, long enough to cost nothing when idle.
 FOLLOW_BLOCK_MS = 5_000
+# How long an append waits for an unreachable Redis before its generation gets the error.
+UNAVAILABLE_RETRY_SECONDS = 60.0
+RETRY_FIRST_DELAY = 0.05
+RETRY_MAX_DELAY = 1.0
+UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+
+log = logging.getLogger(__name__)
 
 
 def stream_key(message_id: str) -> str:
@@ -43,8 +58,15 @@ class RedisStreamLog(StreamLog):
         self._url = url
         # Appends and reads share one pool; each follower holds one connection while it
         # blocks, so the pool is sized for many concurrent cross-process followers.
+        # The socket timeout must outlast a blocking XREAD (redis-py defaults to 5 s, which
+        # equals FOLLOW_BLOCK_MS and would turn idle follows into timeouts).
         self._redis = aioredis.Redis.from_url(
-            url, max_connections=4096, health_check_interval=30, socket_keepalive=True
+            url,
+            max_connections=4096,
+            health_check_interval=30,
+            socket_keepalive=True,
+            socket_timeout=FOLLOW_BLOCK_MS / 1000 + 10,
+            socket_connect_timeout=5,
         )
         self._queue: list[tuple[str, list[Event], asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -60,8 +82,8 @@ class RedisStreamLog(StreamLog):
         while self._queue:
             batch, self._queue = self._queue, []
             try:
-                results = await self._send(batch)
-            except Exception as exc:  # connection lost: every waiter learns it
+                results = await self._send_until_reachable(batch)
+            except Exception as exc:  # unreachable for too long: every waiter learns it
                 for _mid, _events, future in batch:
                     if not future.done():
                         future.set_exception(exc)
@@ -74,9 +96,30 @@ class RedisStreamLog(StreamLog):
                 else:
                     future.set_exception(error)
 
-    async def _send(
+    async def _send_until_reachable(
         self, batch: list[tuple[str, list[Event], asyncio.Future[None]]]
     ) -> list[Exception | None]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + UNAVAILABLE_RETRY_SECONDS
+        delay = RETRY_FIRST_DELAY
+        retry = False
+        while True:
+            try:
+                return await self._send(batch, retry)
+            except UNAVAILABLE:
+                if loop.time() + delay > deadline:
+                    raise
+                if not retry:
+                    log.warning("Redis unreachable; holding %d appends and retrying", len(batch))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_DELAY)
+                retry = True
+
+    async def _send(
+        self, batch: list[tuple[str, list[Event], asyncio.Future[None]]], retry: bool = False
+    ) -> list[Exception | None]:
+        """One pipeline for the batch. On a ``retry`` an event Redis already holds was
+        applied by the attempt whose connection failed, so it counts as appended."""
         pipe = self._redis.pipeline(transaction=False)
         spans: list[int] = []
         for message_id, events, _future in batch:
@@ -100,7 +143,12 @@ class RedisStreamLog(StreamLog):
             for reply in replies[position : position + span]:
                 if isinstance(reply, ResponseError):
                     text = str(reply)
-                    error = SeqConflict(text) if "equal or smaller" in text else reply
+                    if "equal or smaller" not in text:
+                        error = reply
+                    elif not retry:
+                        error = SeqConflict(text)
+                    else:
+                        continue
                     break
                 if isinstance(reply, Exception):
                     error = reply
@@ -116,8 +164,15 @@ class RedisStreamLog(StreamLog):
     async def follow(self, message_id: str, after: int = 0) -> AsyncIterator[list[Event]]:
         key = stream_key(message_id)
         cursor = _entry_id(after)
+        delay = RETRY_FIRST_DELAY
         while True:
-            reply = await self._redis.xread({key: cursor}, block=FOLLOW_BLOCK_MS, count=1000)
+            try:
+                reply = await self._redis.xread({key: cursor}, block=FOLLOW_BLOCK_MS, count=1000)
+            except UNAVAILABLE:
+                await asyncio.sleep(delay)  # Redis restarting: keep the cursor, try again
+                delay = min(delay * 2, RETRY_MAX_DELAY)
+                continue
+            delay = RETRY_FIRST_DELAY
             if not reply:
                 continue
             entries = reply[0][1]

@@ -63,6 +63,11 @@ def parse_cursor(scope: dict[str, Any]) -> int:
 
 
 class MessageStreamConsumer(AsyncHttpConsumer):
+    # No per-connection channel: control traffic goes through the runtime's one channel
+    # (streaming.control). A channel per connection costs a layer receive per consumer and,
+    # with Redis, ends every open stream when Redis is slow or restarting. An alias that is
+    # not configured is how Channels is told "no layer" (get_channel_layer returns None).
+    channel_layer_alias = "streams-use-no-channel-layer"
     stream_task: asyncio.Task[None] | None = None
 
     async def http_request(self, message: dict[str, Any]) -> None:

@@ -49,6 +49,12 @@ class FrameError(Exception):
 
 
 class ChatConsumer(AsyncWebsocketConsumer):
+    # No per-connection channel: control traffic goes through the runtime's one channel
+    # (streaming.control). A channel per connection costs a layer receive per consumer and,
+    # with Redis, ends every open stream when Redis is slow or restarting. An alias that is
+    # not configured is how Channels is told "no layer" (get_channel_layer returns None).
+    channel_layer_alias = "streams-use-no-channel-layer"
+
     async def connect(self) -> None:
         self.user = self.scope.get("user")
         self.subscriptions: dict[str, asyncio.Task[None]] = {}

@@ -1,0 +1,272 @@
+"""The operators' view: conversations, messages with their termination records and segments,
+and the answers streaming right now with a Stop that really ends them.
+
+Messages are records of what happened, so they are read-only here; only a conversation's
+title and system prompt are editable. Stop goes through ``Runtime.cancel``, which reaches the
+generating process wherever it runs (over the channel layer), and the engine request is
+aborted there. The in-flight list lives at ``/admin/streaming/message/in-flight/``.
+Model output is shown as text (escaped), never as HTML.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.contrib import admin, messages
+from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from streaming.api.stopping import drop_logs, stop_generations
+from streaming.models import Conversation, Message, Segment
+from streaming.termination import Status
+
+# How long the Stop action waits for the generations to report their end.
+STOP_WAIT = 5.0
+
+SEGMENT_COLUMNS = (
+    ("index", "#"),
+    ("status", "status"),
+    ("finish_reason", "finish"),
+    ("stop_reason", "stop reason"),
+    ("completion_tokens", "tokens"),
+    ("ttft_ms", "TTFT ms"),
+    ("duration_ms", "duration ms"),
+    ("start_offset", "from"),
+    ("end_offset", "to"),
+    ("error_message", "error"),
+    ("worker", "worker"),
+)
+
+
+def termination_html(termination: dict[str, Any]) -> SafeString:
+    if not termination:
+        return format_html("<em>{}</em>", "none yet")
+    return format_html("<pre>{}</pre>", json.dumps(termination, indent=2, ensure_ascii=False))
+
+
+def segments_html(segments: list[Segment]) -> SafeString:
+    if not segments:
+        return format_html("<em>{}</em>", "no segments")
+    head = format_html_join("", "<th>{}</th>", ((label,) for _, label in SEGMENT_COLUMNS))
+    rows = format_html_join(
+        "",
+        "<tr>{}</tr>",
+        (
+            (
+                format_html_join(
+                    "",
+                    "<td>{}</td>",
+                    (
+                        ("" if getattr(s, name) is None else getattr(s, name),)
+                        for name, _ in SEGMENT_COLUMNS
+                    ),
+                ),
+            )
+            for s in segments
+        ),
+    )
+    return format_html("<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>", head, rows)
+
+
+@admin.action(description="Stop generation", permissions=["stop"])
+def stop_generation(
+    model_admin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet
+) -> None:
+    ids = [str(i) for i in queryset.filter(status=Status.STREAMING).values_list("id", flat=True)]
+    if not ids:
+        model_admin.message_user(request, "None of these answers is streaming.", messages.WARNING)
+        return
+    async_to_sync(stop_generations)(ids, wait=STOP_WAIT)
+    still = Message.objects.filter(id__in=ids, status=Status.STREAMING).count()
+    stopped = len(ids) - still
+    model_admin.message_user(request, f"Stopped {stopped} generation(s).", messages.SUCCESS)
+    if still:
+        model_admin.message_user(
+            request,
+            f"{still} did not confirm within {STOP_WAIT:g} s; they end when their process "
+            "handles the stop (or the reaper finds the process gone).",
+            messages.WARNING,
+        )
+
+
+class StopPermission:
+    def has_stop_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("streaming.change_message")
+
+
+class ReadOnlyInline:
+    extra = 0
+    max_num = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class MessageInline(ReadOnlyInline, admin.StackedInline):
+    model = Message
+    fields = ["role", "status", "content", "termination_record", "segment_table"]
+    readonly_fields = fields
+    show_change_link = True
+    ordering = ["created_at"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Message]:
+        return super().get_queryset(request).prefetch_related("segments")
+
+    @admin.display(description="termination record")
+    def termination_record(self, message: Message) -> SafeString:
+        return termination_html(message.termination)
+
+    @admin.display(description="segments")
+    def segment_table(self, message: Message) -> SafeString:
+        return segments_html(list(message.segments.all()))
+
+
+class LastStatusFilter(admin.SimpleListFilter):
+    title = "last answer status"
+    parameter_name = "last_status"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return list(Status.choices)
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value():
+            return queryset.filter(last_status=self.value())
+        return queryset
+
+
+@admin.register(Conversation)
+class ConversationAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "owner", "message_count", "last_status", "updated_at"]
+    list_filter = [LastStatusFilter, "updated_at", "created_at"]
+    search_fields = ["title", "messages__content", "owner__username"]
+    list_select_related = ["owner"]
+    fields = ["owner", "title", "system_prompt", "model", "created_at", "updated_at"]
+    readonly_fields = ["owner", "model", "created_at", "updated_at"]
+    inlines = [MessageInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Conversation]:
+        last = Message.objects.filter(
+            conversation=OuterRef("pk"), role=Message.Role.ASSISTANT
+        ).order_by("-created_at")
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                message_count=Count("messages", distinct=True),
+                last_status=Subquery(last.values("status")[:1]),
+            )
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # conversations are made by their owners, through the API
+
+    @admin.display(description="messages", ordering="message_count")
+    def message_count(self, conversation: Conversation) -> int:
+        return conversation.message_count  # type: ignore[attr-defined]
+
+    @admin.display(description="last status", ordering="last_status")
+    def last_status(self, conversation: Conversation) -> str:
+        return conversation.last_status or "-"  # type: ignore[attr-defined]
+
+    def delete_model(self, request: HttpRequest, obj: Conversation) -> None:
+        self.delete_queryset(request, Conversation.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Conversation]) -> None:
+        """Stop running answers first, then delete; the logs go last (nothing recreates them)."""
+        messages_qs = Message.objects.filter(conversation__in=queryset)
+        running = [
+            str(i) for i in messages_qs.filter(status=Status.STREAMING).values_list("id", flat=True)
+        ]
+        if running:
+            async_to_sync(stop_generations)(running, wait=STOP_WAIT)
+        ids = [str(i) for i in messages_qs.values_list("id", flat=True)]
+        Conversation.objects.filter(pk__in=list(queryset.values_list("pk", flat=True))).delete()
+        async_to_sync(drop_logs)(ids)
+
+
+class SegmentInline(ReadOnlyInline, admin.TabularInline):
+    model = Segment
+    fields = [name for name, _ in SEGMENT_COLUMNS] + ["error_type", "ended_at"]
+    readonly_fields = fields
+    ordering = ["index"]
+
+
+@admin.register(Message)
+class MessageAdmin(StopPermission, admin.ModelAdmin):
+    list_display = ["id", "conversation", "owner", "role", "status", "model", "created_at"]
+    list_filter = ["status", "role", "created_at"]
+    search_fields = ["content", "conversation__title", "conversation__owner__username"]
+    list_select_related = ["conversation__owner"]
+    fields = [
+        "conversation", "role", "status", "content", "termination_record", "params", "model",
+        "last_seq", "created_at", "updated_at",
+    ]  # fmt: skip
+    readonly_fields = fields
+    inlines = [SegmentInline]
+    actions = [stop_generation]
+
+    @admin.display(description="owner", ordering="conversation__owner__username")
+    def owner(self, message: Message) -> str:
+        return message.conversation.owner.get_username()
+
+    @admin.display(description="termination record")
+    def termination_record(self, message: Message) -> SafeString:
+        return termination_html(message.termination)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a message goes with its conversation
+
+    def get_urls(self) -> list[URLPattern]:
+        in_flight = InFlightAdmin(Message, self.admin_site)
+        view = self.admin_site.admin_view(in_flight.changelist_view)
+        return [path("in-flight/", view, name="streaming_message_in_flight"), *super().get_urls()]
+
+
+class InFlightAdmin(StopPermission, admin.ModelAdmin):
+    """The answers streaming now, oldest first, with Stop. Not registered: ``MessageAdmin``
+    serves it at ``in-flight/`` (rows link to the message's own page)."""
+
+    list_display = ["id", "conversation", "owner", "model", "last_seq", "updated_at", "created_at"]
+    list_select_related = ["conversation__owner"]
+    search_fields = ["conversation__title", "conversation__owner__username"]
+    ordering = ["created_at"]
+    actions = [stop_generation]
+
+    owner = MessageAdmin.owner
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Message]:
+        return (
+            super()
+            .get_queryset(request)
+            .filter(role=Message.Role.ASSISTANT, status=Status.STREAMING)
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {"title": "Answers streaming now", **(extra_context or {})}
+        return super().changelist_view(request, context)

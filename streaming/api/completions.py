@@ -1,0 +1,284 @@
+"""OpenAI's chat-completions wire format on top of our event schema.
+
+``parse_request`` turns a ``POST /v1/chat/completions`` body into what
+``services.post_message`` takes (earlier turns, the new user message, our generation
+params), naming the offending field on any error. ``ChunkStream`` renders a message's
+events as ``chat.completion.chunk`` frames: a role chunk at ``start``, one content chunk
+per merged delta, the finish chunk (and the usage chunk when asked) at ``done``, then
+``data: [DONE]``; an engine error goes in-band as ``data: {"error": {...}}`` before
+``[DONE]``, as vLLM and OpenAI do. ``completion`` builds the non-streaming answer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from streaming import events
+from streaming.engines.base import ChatTurn
+from streaming.errors import error_body
+from streaming.services import InvalidParams, NotFound, ServiceError
+from streaming.termination import Status
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# Our generation params, under their OpenAI names (``max_completion_tokens`` wins).
+PASSED_PARAMS = ("temperature", "top_p", "stop", "seed", "simulation")
+UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "logprobs")
+
+FINISH_REASONS = {
+    Status.COMPLETE.value: "stop",
+    Status.STOPPED.value: "stop",
+    Status.TRUNCATED.value: "length",
+    Status.CANCELLED.value: "abort",
+    Status.ABANDONED.value: "abort",
+}
+# Ends that are failures for a caller: in-band error when streaming, an error status when not.
+FAILED = frozenset({Status.ERROR.value, Status.STALLED.value, Status.INTERRUPTED.value})
+
+OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+DONE_FRAME = b"data: [DONE]\n\n"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+def error_document(
+    status: int, code: str, message: str, field: str | None = None
+) -> dict[str, Any]:
+    """Our error shape plus OpenAI's ``type`` and ``param``, so both kinds of client read it."""
+    document = error_body(status, code, message, field)
+    document["error"]["type"] = OPENAI_TYPES.get(status, "server_error")
+    document["error"]["param"] = field
+    return document
+
+
+def service_error_document(exc: ServiceError, last_index: int | None) -> dict[str, Any]:
+    return error_document(exc.status, exc.code, exc.message, openai_field(exc.field, last_index))
+
+
+def openai_field(name: str | None, last_index: int | None) -> str | None:
+    """Our field names as the caller spelled them: ``params.top_p`` -> ``top_p``."""
+    if name is None:
+        return None
+    if name.startswith("params."):
+        return name[len("params.") :]
+    if name == "content" and last_index is not None:
+        return f"messages[{last_index}].content"
+    return name
+
+
+@dataclass(slots=True)
+class CompletionRequest:
+    model: str
+    prior: list[ChatTurn]
+    content: str
+    params: dict[str, Any]
+    stream: bool = False
+    include_usage: bool = False
+    last_index: int = 0
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise InvalidParams("only text content parts are supported", field=f"{where}[{i}]")
+            if not isinstance(part.get("text"), str):
+                raise InvalidParams("must be a string", field=f"{where}[{i}].text")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise InvalidParams("must be a string or a list of text parts", field=where)
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidParams("must be a boolean", field=name)
+    return value
+
+
+def parse_request(body: Any, served: set[str]) -> CompletionRequest:
+    """Validate a chat-completions body; raises ``ServiceError``s naming the field."""
+    if not isinstance(body, dict):
+        raise InvalidParams("the body must be a JSON object", field="body")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidParams("must be a non-empty string", field="model")
+    if model not in served:
+        raise ModelNotFound(f"the model `{model}` does not exist", field="model")
+    for name in UNSUPPORTED:
+        if body.get(name):
+            raise InvalidParams("is not supported by this server", field=name)
+    if body.get("n") not in (None, 1):
+        raise InvalidParams("only n=1 is supported", field="n")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidParams("must be a non-empty list of messages", field="messages")
+    turns: list[ChatTurn] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidParams("must be an object", field=f"messages[{i}]")
+        role = ROLES.get(message.get("role"))  # type: ignore[arg-type]
+        if role is None:
+            raise InvalidParams(
+                f"must be one of {', '.join(sorted(ROLES))}", field=f"messages[{i}].role"
+            )
+        turns.append(ChatTurn(role, _text(message.get("content"), f"messages[{i}].content")))
+    last = len(turns) - 1
+    if turns[last].role != "user":
+        raise InvalidParams("the last message must be the user's", field=f"messages[{last}].role")
+    stream = _flag(body, "stream")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise InvalidParams("is only allowed with stream=true", field="stream_options")
+        if not isinstance(options, dict):
+            raise InvalidParams("must be an object", field="stream_options")
+        include_usage = _flag(options, "include_usage")
+    params: dict[str, Any] = {k: body[k] for k in PASSED_PARAMS if body.get(k) is not None}
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        params["max_tokens"] = max_tokens
+    return CompletionRequest(
+        model=model,
+        prior=turns[:last],
+        content=turns[last].content,
+        params=params,
+        stream=stream,
+        include_usage=include_usage,
+        last_index=last,
+    )
+
+
+def usage_of(termination: dict[str, Any]) -> dict[str, int]:
+    prompt = int(termination.get("prompt_tokens") or 0)
+    completion_tokens = int(termination.get("completion_tokens") or 0)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt + completion_tokens,
+    }
+
+
+def termination_error(termination: dict[str, Any]) -> dict[str, Any]:
+    """The in-band error object for an answer that failed without an ``error`` event."""
+    status = termination.get("status")
+    return {
+        "message": termination.get("error_message") or f"the answer ended {status}",
+        "type": termination.get("error_type") or "EngineError",
+        "code": termination.get("error_code") or status,
+    }
+
+
+def _data(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+class ChunkStream:
+    """Renders one message's events as OpenAI stream frames (bytes)."""
+
+    def __init__(self, completion_id: str, model: str, created: int, include_usage: bool) -> None:
+        self.completion_id = completion_id
+        self.model = model
+        self.created = created
+        self.include_usage = include_usage
+        self.role_sent = False
+        self.error_sent = False
+        self.finished = False
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.completion_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            ],
+        }
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _role(self) -> bytes:
+        if self.role_sent:
+            return b""
+        self.role_sent = True
+        return _data(self._chunk({"role": "assistant", "content": ""}))
+
+    def frames(self, batch: list[events.Event]) -> bytes:
+        out = bytearray()
+        for event in batch:
+            kind = event["type"]
+            if kind == events.START:
+                out += self._role()
+            elif kind == events.DELTA and event["text"]:
+                out += self._role()
+                out += _data(self._chunk({"content": event["text"]}))
+            elif kind == events.ERROR:
+                out += self.error(event["error"])
+            elif kind == events.DONE:
+                out += self._done(event)
+        return bytes(out)
+
+    def error(self, error: dict[str, Any]) -> bytes:
+        if self.error_sent:
+            return b""
+        self.error_sent = True
+        return _data({"error": error})
+
+    def _done(self, done: events.Event) -> bytes:
+        out = bytearray(self._role())
+        status = done.get("status")
+        if status in FAILED:
+            out += self.error(termination_error(done))
+        elif not self.error_sent:
+            out += _data(self._chunk({}, FINISH_REASONS.get(status, "stop")))
+            if self.include_usage:
+                usage = self._chunk({})
+                usage["choices"] = []
+                usage["usage"] = usage_of(done)
+                out += _data(usage)
+        out += DONE_FRAME
+        self.finished = True
+        return bytes(out)
+
+
+def completion(
+    completion_id: str, model: str, created: int, text: str, termination: dict[str, Any]
+) -> dict[str, Any]:
+    """The non-streaming ``chat.completion`` object."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": FINISH_REASONS.get(termination.get("status", ""), "stop"),
+            }
+        ],
+        "usage": usage_of(termination),
+    }

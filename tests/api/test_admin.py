@@ -1,0 +1,153 @@
+"""The Django admin with Django's test client: conversation and message lists with their
+filters, change pages with termination records and segments, and the in-flight list whose
+Stop action ends a generation running in another process (a real Daphne)."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from streaming.models import Conversation, Message, Segment
+from tests.api.calls import client, new_conversation, started
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+
+
+def _conversation(owner, title: str, status: str, text: str) -> Conversation:
+    conversation = Conversation.objects.create(owner=owner, title=title)
+    Message.objects.create(conversation=conversation, role="user", content=f"question {title}")
+    answer = Message.objects.create(
+        conversation=conversation,
+        role="assistant",
+        content=text,
+        status=status,
+        termination={"status": status, "finish_reason": "length", "completion_tokens": 7},
+        last_seq=9,
+    )
+    Segment.objects.create(
+        message=answer,
+        index=0,
+        status=status,
+        first_seq=1,
+        end_offset=len(text),
+        finish_reason="length",
+        completion_tokens=7,
+        ttft_ms=12.5,
+        worker="host:1:2",
+    )
+    return conversation
+
+
+@pytest.fixture
+def staff(make_account) -> Client:
+    browser = Client()
+    browser.force_login(make_account("root", staff=True).user)
+    return browser
+
+
+def test_conversation_changelist_filters_and_search(staff, account, other_account):
+    _conversation(account.user, "about cats", "complete", "Cats purr.")
+    _conversation(account.user, "about dogs", "truncated", "Dogs bark and")
+    _conversation(other_account.user, "about birds", "error", "Birds si")
+
+    page = staff.get("/admin/streaming/conversation/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    for title in ("about cats", "about dogs", "about birds"):
+        assert title in text
+    assert "last answer status" in text  # the status filter is offered
+
+    truncated = staff.get("/admin/streaming/conversation/?last_status=truncated").content.decode()
+    assert "about dogs" in truncated
+    assert "about cats" not in truncated and "about birds" not in truncated
+
+    found = staff.get("/admin/streaming/conversation/?q=purr").content.decode()
+    assert "about cats" in found and "about dogs" not in found
+    by_owner = staff.get(f"/admin/streaming/conversation/?q={other_account.username}")
+    assert "about birds" in by_owner.content.decode()
+    assert "about cats" not in by_owner.content.decode()
+
+    today = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    dated = staff.get(
+        "/admin/streaming/conversation/",
+        {"updated_at__gte": str(today), "updated_at__lt": str(today + timedelta(days=1))},
+    )
+    assert dated.status_code == 200
+    assert "about cats" in dated.content.decode()
+
+    errors = staff.get("/admin/streaming/message/?status__exact=error").content.decode()
+    assert "Birds si" not in errors  # content is not a list column
+    assert errors.count("field-status") == 1
+    assert staff.get("/admin/streaming/message/?status__exact=complete").status_code == 200
+
+
+def test_change_pages_show_the_record_and_segments_as_text(staff, account):
+    conversation = _conversation(
+        account.user, "markup", "truncated", "<script>alert(1)</script> and more"
+    )
+    page = staff.get(f"/admin/streaming/conversation/{conversation.id}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "<script>alert(1)</script>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "termination record" in html.lower()
+    assert "&quot;completion_tokens&quot;: 7" in html
+    assert "<td>12.5</td>" in html and "<td>host:1:2</td>" in html  # the segment table
+
+    answer = conversation.messages.get(role="assistant")
+    detail = staff.get(f"/admin/streaming/message/{answer.id}/change/")
+    assert detail.status_code == 200
+    html = detail.content.decode()
+    assert "Segments" in html
+    assert "host:1:2" in html and "12.5" in html
+    assert "<script>alert(1)</script>" not in html
+    # Records are read-only: no save button for messages.
+    assert 'name="_save"' not in html
+
+
+def test_the_admin_is_for_staff_only(account, other_account):
+    browser = Client()
+    browser.force_login(account.user)
+    for url in (
+        "/admin/streaming/conversation/",
+        "/admin/streaming/message/",
+        "/admin/streaming/message/in-flight/",
+    ):
+        response = browser.get(url)
+        assert response.status_code == 302
+        assert "/admin/login/" in response["Location"]
+
+
+@pytest.mark.redis
+@pytest.mark.skipif(not REDIS_URL, reason="the Stop crosses processes over the Redis layer")
+def test_stop_action_cancels_a_generation_running_in_another_process(daphne, account, staff):
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api, title="long one")
+        running = started(api, conversation, "go", ttft_ms=0, tokens_per_second=5, length=500)
+        done = started(api, conversation, "short", text="ok", ttft_ms=0, tokens_per_second=1000)
+
+        in_flight = staff.get("/admin/streaming/message/in-flight/")
+        assert in_flight.status_code == 200
+        html = in_flight.content.decode()
+        assert running["id"] in html
+        assert "Stop generation" in html
+
+        response = staff.post(
+            "/admin/streaming/message/in-flight/",
+            {"action": "stop_generation", "_selected_action": [running["id"]]},
+            follow=True,
+        )
+        assert response.status_code == 200
+        assert "Stopped 1 generation(s)." in response.content.decode()
+        assert running["id"] not in response.content.decode()
+
+        stopped = api.get(f"/api/messages/{running['id']}/").json()
+        assert stopped["status"] == "cancelled"
+        assert stopped["termination"]["status"] == "cancelled"
+        assert stopped["segments"][0]["worker"] == running["segments"][0]["worker"]
+        assert api.get(f"/api/messages/{done['id']}/").json()["status"] != "cancelled"

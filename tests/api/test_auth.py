@@ -1,0 +1,97 @@
+"""Authentication of the REST API: the browser's session (CSRF enforced on every unsafe
+method), API tokens (``Token``/``Bearer``, no CSRF) and the command that makes tokens."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+from django.test import Client
+from django.utils.crypto import get_random_string
+
+from tests.api.calls import assert_error, client, new_conversation, post
+from tests.support.servers import ROOT, server_env
+
+
+def _session_cookie(account) -> str:
+    login = Client()
+    assert login.login(username=account.username, password=account.password)
+    return login.cookies["sessionid"].value
+
+
+def test_session_requests_need_the_csrf_token_on_unsafe_methods(daphne, account):
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        message = post(api, conversation, "hi", wait=True, text="ok").json()["message"]["id"]
+    csrf = get_random_string(32)
+    cookies = {"sessionid": _session_cookie(account), "csrftoken": csrf}
+    with httpx.Client(base_url=server.url, cookies=cookies, timeout=30) as browser:
+        listed = browser.get("/api/conversations/")
+        assert listed.status_code == 200
+        assert [c["id"] for c in listed.json()["results"]] == [conversation]
+        unsafe = [
+            ("POST", "/api/conversations/"),
+            ("PATCH", f"/api/conversations/{conversation}/"),
+            ("DELETE", f"/api/conversations/{conversation}/"),
+            ("POST", f"/api/conversations/{conversation}/messages/"),
+            ("POST", f"/api/messages/{message}/cancel/"),
+            ("POST", f"/api/messages/{message}/continue/"),
+        ]
+        for method, url in unsafe:
+            response = browser.request(method, url, json={"title": "x", "content": "x"})
+            error = assert_error(response, 403, "forbidden")
+            assert "CSRF" in error["message"]
+            wrong = browser.request(method, url, json={}, headers={"X-CSRFToken": "a" * 32})
+            assert_error(wrong, 403, "forbidden")
+
+        created = browser.post(
+            "/api/conversations/", json={"title": "t"}, headers={"X-CSRFToken": csrf}
+        )
+        assert created.status_code == 201, created.text
+        renamed = browser.patch(
+            f"/api/conversations/{conversation}/",
+            json={"title": "new"},
+            headers={"X-CSRFToken": csrf},
+        )
+        assert renamed.json()["title"] == "new"
+
+
+def test_django_test_client_with_csrf_checks(transactional_db, make_account):
+    account = make_account("carol")
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(account.user)
+    refused = browser.post("/api/conversations/", {"title": "x"}, content_type="application/json")
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "forbidden"
+    token = Client(enforce_csrf_checks=True, HTTP_AUTHORIZATION=f"Token {account.token}")
+    accepted = token.post("/api/conversations/", {"title": "x"}, content_type="application/json")
+    assert accepted.status_code == 201
+
+
+def test_drf_create_token_command_makes_a_working_token(transactional_db):
+    from django.contrib.auth.models import User
+
+    User.objects.create_user("dave", password="test-pass-123")
+    result = subprocess.run(
+        [sys.executable, "manage.py", "drf_create_token", "dave"],
+        cwd=ROOT,
+        env=server_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    words = result.stdout.split()
+    key = words[words.index("token") + 1]
+    assert len(key) == 40
+    api = Client(HTTP_AUTHORIZATION=f"Token {key}")
+    assert api.get("/api/conversations/").status_code == 200
+    bearer = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert bearer.get("/api/conversations/").status_code == 200
+    assert (
+        Client(HTTP_AUTHORIZATION=f"Token {key[::-1]}").get("/api/conversations/").status_code
+        == 401
+    )

@@ -1,0 +1,92 @@
+"""Limits and hostile input on every POST: concurrent answers (429 + Retry-After), bodies
+that are too large (413) or not UTF-8 (400), all in the one error shape."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+
+from tests.api.calls import assert_error, client, new_conversation, post, started
+
+SLOW = {"ttft_ms": 0, "tokens_per_second": 5, "length": 500}
+LIMIT = 2048
+
+
+def test_over_the_concurrent_answer_limit_is_429_with_retry_after(daphne, account, other_account):
+    server = daphne(MAX_CONCURRENT_GENERATIONS_PER_USER=1)
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        running = started(api, conversation, "first", **SLOW)
+        elsewhere = new_conversation(api)
+
+        refused = post(api, elsewhere, "second", **SLOW)
+        error = assert_error(refused, 429, "too_many_generations")
+        assert int(refused.headers["retry-after"]) > 0
+        assert "at most 1" in error["message"]
+
+        bearer = {"Authorization": f"Bearer {account.token}"}
+        body = {"model": "simulated", "messages": [{"role": "user", "content": "third"}]}
+        openai_refused = api.post("/v1/chat/completions", json=body, headers=bearer)
+        error = assert_error(openai_refused, 429, "too_many_generations")
+        assert error["type"] == "rate_limit_error"
+        assert int(openai_refused.headers["retry-after"]) > 0
+
+        # The limit is per user: someone else may still start an answer.
+        with client(server, other_account.token) as other:
+            other_conversation = new_conversation(other)
+            assert post(other, other_conversation, "mine", wait=True, text="ok").status_code == 201
+
+        assert api.post(f"/api/messages/{running['id']}/cancel/").json()["status"] == "cancelled"
+        continued = api.post(f"/api/messages/{running['id']}/continue/")
+        assert continued.status_code == 202
+        api.post(f"/api/messages/{running['id']}/cancel/")
+        assert post(api, elsewhere, "now it fits", wait=True, text="ok").status_code == 201
+        # Refused calls left no messages and no conversations behind.
+        listed = api.get(f"/api/conversations/{elsewhere}/messages/").json()["results"]
+        assert [m["content"] for m in listed] == ["now it fits", "ok"]
+        assert api.get("/api/conversations/").json()["count"] == 2
+
+
+def _unsafe_calls(api: httpx.Client) -> list[tuple[str, str]]:
+    conversation = new_conversation(api)
+    message = post(api, conversation, "hi", wait=True, text="ok").json()["message"]["id"]
+    return [
+        ("POST", "/api/conversations/"),
+        ("PATCH", f"/api/conversations/{conversation}/"),
+        ("POST", f"/api/conversations/{conversation}/messages/"),
+        ("POST", f"/api/messages/{message}/cancel/"),
+        ("POST", f"/api/messages/{message}/continue/"),
+        ("POST", "/v1/chat/completions"),
+    ]
+
+
+def test_oversized_and_invalid_utf8_bodies_on_every_post(daphne, account):
+    server = daphne(MAX_REQUEST_BYTES=LIMIT)
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {account.token}"}
+    too_large = b'{"content": "' + b"x" * LIMIT + b'"}'
+    not_utf8 = b'{"content": "caf\xe9 \xff\xfe"}'
+    with client(server, account.token) as api:
+        calls = _unsafe_calls(api)
+        count = api.get("/api/conversations/").json()["count"]
+        for method, url in calls:
+            response = api.request(method, url, content=too_large, headers=headers)
+            error = assert_error(response, 413, "too_large")
+            assert str(LIMIT) in error["message"], (url, error)
+
+            response = api.request(method, url, content=not_utf8, headers=headers)
+            error = assert_error(response, 400, "invalid_body")
+            assert "UTF-8" in error["message"], (url, error)
+
+            response = api.request(method, url, content=b'{"content": ', headers=headers)
+            assert_error(response, 400, "invalid_body")
+        assert api.get("/api/conversations/").json()["count"] == count
+
+
+def test_unknown_api_urls_and_methods_answer_the_error_shape(daphne, account):
+    server = daphne()
+    with client(server, account.token) as api:
+        assert_error(api.get(f"/api/conversations/{uuid.uuid4()}/nothing/"), 404, "not_found")
+        assert_error(api.get("/v1/nothing"), 404, "not_found")
+        assert_error(api.delete("/api/conversations/"), 405, "method_not_allowed")
+        assert_error(api.post("/v1/models"), 405, "method_not_allowed")

@@ -1,0 +1,255 @@
+"""The OpenAI-compatible endpoint with the official ``openai`` package as the client,
+against a real Daphne process (simulated engine, or the vLLM emulator as the engine)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.api.calls import assert_error, client, new_conversation, read_to_end
+from tests.emulator.server import wait_for_request_end
+
+EMOJI_TEXT = "Family 👨‍👩‍👧‍👦, flag 🇯🇵, thumbs 👍🏽 – and 日本語 too."
+FAST = {"ttft_ms": 0, "tokens_per_second": 1000}
+
+
+def sdk(server, token: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=token, max_retries=0, timeout=30)
+
+
+def test_models_and_non_streaming_completion_is_persisted(daphne, account):
+    server = daphne()
+    ai = sdk(server, account.token)
+    assert [m.id for m in ai.models.list().data] == ["simulated"]
+
+    raw = ai.chat.completions.with_raw_response.create(
+        model="simulated",
+        messages=[
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Say hello"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": [{"type": "text", "text": "Once more, with emoji"}]},
+        ],
+        max_tokens=200,
+        extra_body={"simulation": {"text": EMOJI_TEXT, **FAST}},
+    )
+    answer = raw.parse()
+    assert answer.object == "chat.completion"
+    assert answer.model == "simulated"
+    assert answer.choices[0].message.role == "assistant"
+    assert answer.choices[0].message.content == EMOJI_TEXT
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage.completion_tokens > 0
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens
+    message_id = raw.headers["x-message-id"]
+    assert answer.id == f"chatcmpl-{message_id}"
+
+    conversation = raw.headers["x-conversation-id"]
+    with client(server, account.token) as api:
+        stored = api.get(f"/api/conversations/{conversation}/messages/").json()["results"]
+        assert [(m["role"], m["content"]) for m in stored] == [
+            ("system", "You are terse."),
+            ("user", "Say hello"),
+            ("assistant", "Hello."),
+            ("user", "Once more, with emoji"),
+            ("assistant", EMOJI_TEXT),
+        ]
+        assert stored[-1]["id"] == message_id
+        assert stored[-1]["status"] == "complete"
+        assert stored[-1]["params"]["max_tokens"] == 200
+        title = api.get(f"/api/conversations/{conversation}/").json()["title"]
+        assert title == "Once more, with emoji"
+
+
+def test_streaming_completion_chunks_emoji_usage_and_done(daphne, account):
+    server = daphne()
+    ai = sdk(server, account.token)
+    stream = ai.chat.completions.create(
+        model="simulated",
+        messages=[{"role": "user", "content": "stream please"}],
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"simulation": {"text": EMOJI_TEXT, "ttft_ms": 0, "tokens_per_second": 200}},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+    ]
+    assert len(content) >= 2, "the answer must arrive in several chunks"
+    assert "".join(content) == EMOJI_TEXT
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "stop"
+    assert finishes[:-1] == [None] * (len(finishes) - 1)
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens > 0
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len({c.id for c in chunks}) == 1
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+
+    message_id = chunks[0].id.removeprefix("chatcmpl-")
+    with client(server, account.token) as api:
+        stored = api.get(f"/api/messages/{message_id}/").json()
+        assert stored["content"] == EMOJI_TEXT
+        assert stored["status"] == "complete"
+
+
+def test_wire_format_has_role_chunk_in_band_error_and_done(daphne, account):
+    """The raw bytes, as any OpenAI client sees them, for a mid-stream engine error."""
+    server = daphne()
+    body = {
+        "model": "simulated",
+        "messages": [{"role": "user", "content": "fail halfway"}],
+        "stream": True,
+        "simulation": {"length": 20, "error_after_tokens": 5, **FAST},
+    }
+    headers = {"Authorization": f"Bearer {account.token}"}
+    with (
+        httpx.Client(base_url=server.url, timeout=30) as http,
+        http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response,
+    ):
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+        assert response.headers["x-accel-buffering"] == "no"
+        frames = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert frames[-1] == "[DONE]"
+    payloads = [json.loads(f) for f in frames[:-1]]
+    assert payloads[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "error" in payloads[-1]
+    assert payloads[-1]["error"]["message"]
+    assert all("choices" in p for p in payloads[:-1])
+    assert not any(p["choices"][0]["finish_reason"] for p in payloads[:-1])
+
+    ai = sdk(server, account.token)
+    stream = ai.chat.completions.create(
+        model="simulated",
+        messages=[{"role": "user", "content": "fail again"}],
+        stream=True,
+        extra_body={"simulation": {"length": 20, "error_after_tokens": 5, **FAST}},
+    )
+    with pytest.raises(openai.APIError):
+        list(stream)
+    with pytest.raises(openai.InternalServerError) as failed:
+        ai.chat.completions.create(
+            model="simulated",
+            messages=[{"role": "user", "content": "and without streaming"}],
+            extra_body={"simulation": {"length": 20, "error_after_tokens": 5, **FAST}},
+        )
+    assert failed.value.status_code == 502
+
+
+def test_x_conversation_id_appends_to_the_callers_conversation(daphne, account, other_account):
+    server = daphne()
+    ai = sdk(server, account.token)
+    with client(server, account.token) as api:
+        conversation = new_conversation(api, title="kept", system_prompt="Answer in French.")
+    for question in ("first", "second"):
+        ai.chat.completions.create(
+            model="simulated",
+            messages=[{"role": "user", "content": question}],
+            extra_headers={"X-Conversation-Id": conversation},
+            extra_body={"simulation": {"text": f"re {question}", **FAST}},
+        )
+    with client(server, account.token) as api:
+        stored = api.get(f"/api/conversations/{conversation}/messages/").json()["results"]
+        assert [m["content"] for m in stored] == ["first", "re first", "second", "re second"]
+        assert api.get("/api/conversations/").json()["count"] == 1
+
+    intruder = sdk(server, other_account.token)
+    with pytest.raises(openai.NotFoundError):
+        intruder.chat.completions.create(
+            model="simulated",
+            messages=[{"role": "user", "content": "let me in"}],
+            extra_headers={"X-Conversation-Id": conversation},
+        )
+    with client(server, other_account.token) as api:
+        assert api.get("/api/conversations/").json()["count"] == 0
+
+
+def test_errors_are_openai_shaped_and_name_the_field(daphne, account):
+    server = daphne()
+    with pytest.raises(openai.AuthenticationError):
+        sdk(server, "not-a-token").models.list()
+    with pytest.raises(openai.AuthenticationError):
+        sdk(server, "not-a-token").chat.completions.create(
+            model="simulated", messages=[{"role": "user", "content": "hi"}]
+        )
+    ai = sdk(server, account.token)
+    with pytest.raises(openai.NotFoundError) as missing:
+        ai.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert missing.value.body["param"] == "model"
+    image = [{"type": "image_url"}]
+    reply_last = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    cases = [
+        ({"temperature": 5}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": [""]}, "stop"),
+        ({"n": 2}, "n"),
+        ({"extra_body": {"simulation": {"nope": 1}}}, "simulation"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": "  "}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": image}]}, "messages[0].content[0]"),
+        ({"messages": reply_last}, "messages[1].role"),
+        ({"messages": []}, "messages"),
+    ]
+    for overrides, param in cases:
+        arguments = {"model": "simulated", "messages": [{"role": "user", "content": "hi"}]}
+        arguments.update(overrides)
+        with pytest.raises(openai.BadRequestError) as invalid:
+            ai.chat.completions.create(**arguments)
+        assert invalid.value.body["param"] == param, (overrides, invalid.value.body)
+        assert invalid.value.body["field"] == param
+        assert invalid.value.body["type"] == "invalid_request_error"
+    with client(server, account.token) as api:
+        assert api.get("/api/conversations/").json()["count"] == 0, "refused calls leave nothing"
+        assert_error(api.get("/v1/chat/completions"), 405, "method_not_allowed")
+
+
+def test_closing_the_sdk_stream_aborts_the_engine_request(daphne, account, emulator):
+    server = daphne(ENGINE_URL=emulator, ENGINE_MODEL="test-model")
+    ai = sdk(server, account.token)
+    assert [m.id for m in ai.models.list().data] == ["test-model"]
+    stream = ai.chat.completions.create(
+        model="test-model",
+        messages=[{"role": "user", "content": '[[emu {"tokens": 3000, "tokens_per_second": 40}]]'}],
+        stream=True,
+    )
+    received = ""
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            received += chunk.choices[0].delta.content
+        if len(received) > 10:
+            break
+    stream.close()
+    message_id = chunk.id.removeprefix("chatcmpl-")
+
+    record = wait_for_request_end(emulator, f"{message_id}.0", timeout=10)
+    assert record["outcome"] == "aborted"
+    assert record["tokens_sent"] < 3000
+    with client(server, account.token) as api:
+        events = read_to_end(api, message_id)
+        assert events[-1]["status"] == "abandoned"
+        stored = api.get(f"/api/messages/{message_id}/").json()
+        assert stored["status"] == "abandoned"
+        assert stored["termination"]["status"] == "abandoned"
+        assert stored["content"].startswith(received)
+
+
+def test_emulator_engine_streams_emoji_intact(daphne, account, emulator):
+    server = daphne(ENGINE_URL=emulator, ENGINE_MODEL="test-model")
+    ai = sdk(server, account.token)
+    directive = json.dumps({"text": EMOJI_TEXT, "ttft_ms": 0, "tokens_per_second": 500})
+    prompt = f"[[emu {directive}]]"
+    stream = ai.chat.completions.create(
+        model="test-model", messages=[{"role": "user", "content": prompt}], stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == EMOJI_TEXT
+    answer = ai.chat.completions.create(
+        model="test-model", messages=[{"role": "user", "content": prompt}]
+    )
+    assert answer.choices[0].message.content == EMOJI_TEXT
+    assert answer.usage.completion_tokens > 0

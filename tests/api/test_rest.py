@@ -1,0 +1,238 @@
+"""The REST API over real sockets against a real Daphne process: every endpoint, its owner
+checks (another user's id answers 404), authentication (401) and the error shape."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+from tests.api.calls import assert_error, client, new_conversation, post, read_to_end, started
+
+FAST = {"ttft_ms": 0, "tokens_per_second": 1000}
+SLOW = {"ttft_ms": 0, "tokens_per_second": 5, "length": 500}
+
+
+def test_conversations_list_create_patch_newest_activity_first(daphne, account):
+    server = daphne()
+    with client(server, account.token) as api:
+        first = new_conversation(api, title="first")
+        second = new_conversation(api, title="second", system_prompt="Be brief.")
+        listed = api.get("/api/conversations/").json()
+        assert listed["count"] == 2
+        assert [c["id"] for c in listed["results"]] == [second, first]
+
+        patched = api.patch(f"/api/conversations/{first}/", json={"title": "renamed"})
+        assert patched.status_code == 200, patched.text
+        assert patched.json()["title"] == "renamed"
+        listed = api.get("/api/conversations/").json()
+        assert [c["id"] for c in listed["results"]] == [first, second]
+
+        detail = api.get(f"/api/conversations/{second}/").json()
+        assert detail["system_prompt"] == "Be brief."
+        assert detail["model"] == ""
+        read_only = api.patch(f"/api/conversations/{second}/", json={"id": str(uuid.uuid4())})
+        assert read_only.json()["id"] == second
+        assert_error(api.put(f"/api/conversations/{second}/", json={}), 405)
+        assert_error(api.get("/api/conversations/?page=9"), 404, "not_found")
+
+
+def test_post_with_wait_returns_the_final_message_with_its_record(daphne, account):
+    server = daphne()
+    text = "Grüße 👋🏽 from the simulator"
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        response = post(api, conversation, "Hello there", wait=True, text=text, **FAST)
+        assert response.status_code == 201, response.text
+        body = response.json()
+        assert body["user_message"]["role"] == "user"
+        assert body["user_message"]["content"] == "Hello there"
+        assert body["user_message"]["stream"] is None
+        message = body["message"]
+        assert message["role"] == "assistant"
+        assert message["status"] == "complete"
+        assert message["content"] == text
+        assert message["termination"]["status"] == "complete"
+        assert message["termination"]["completion_tokens"] > 0
+        assert [s["status"] for s in message["segments"]] == ["complete"]
+        assert message["segments"][0]["end_offset"] == len(text)
+        assert message["stream"]["sse"] == f"{server.url}/api/messages/{message['id']}/stream/"
+        assert message["stream"]["ws"] == f"{server.ws_url}/ws/chat/"
+
+        listed = api.get(f"/api/conversations/{conversation}/messages/").json()
+        assert [m["role"] for m in listed["results"]] == ["user", "assistant"]
+        detail = api.get(f"/api/messages/{message['id']}/").json()
+        assert detail["content"] == text
+        assert detail["last_seq"] == message["last_seq"]
+        title = api.get(f"/api/conversations/{conversation}/").json()["title"]
+        assert title == "Hello there"
+
+
+def test_stream_cancel_and_continue(daphne, account):
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        message = started(api, conversation, "Tell me a long story", **SLOW)
+        assert message["status"] == "streaming"
+        # The stream URL of the answer works with the same token.
+        with api.stream("GET", f"/api/messages/{message['id']}/stream/") as stream:
+            assert stream.status_code == 200
+            assert stream.headers["content-type"].startswith("text/event-stream")
+
+        cancelled = api.post(f"/api/messages/{message['id']}/cancel/")
+        assert cancelled.status_code == 200, cancelled.text
+        assert cancelled.json()["status"] == "cancelled"
+        assert cancelled.json()["termination"]["status"] == "cancelled"
+        again = api.post(f"/api/messages/{message['id']}/cancel/")
+        assert again.json()["status"] == "cancelled"
+
+        continued = api.post(f"/api/messages/{message['id']}/continue/")
+        assert continued.status_code == 202, continued.text
+        assert continued.json()["status"] == "streaming"
+        after = continued.json()["after"]
+        assert after >= cancelled.json()["last_seq"]
+        conflict = api.post(f"/api/messages/{message['id']}/continue/")
+        assert_error(conflict, 409, "conflict")
+        api.post(f"/api/messages/{message['id']}/cancel/")
+        events = read_to_end(api, message["id"])
+        assert events[-1]["type"] == "done"
+        detail = api.get(f"/api/messages/{message['id']}/").json()
+        assert [s["index"] for s in detail["segments"]] == [0, 1]
+        assert detail["segments"][1]["first_seq"] == after + 1
+
+        done = post(api, conversation, "short", wait=True, text="ok", **FAST).json()["message"]
+        finished = api.post(f"/api/messages/{done['id']}/continue/?wait=true")
+        assert_error(finished, 409, "conflict")
+        user_message = api.get(f"/api/conversations/{conversation}/messages/").json()["results"][0]
+        assert_error(api.post(f"/api/messages/{user_message['id']}/continue/"), 409)
+
+
+INVALID_BODIES = [
+    ({"params": {}}, "content"),
+    ({"content": "   "}, "content"),
+    ({"content": 42}, "content"),
+    ({"content": "x" * 2001}, "content"),
+    ({"content": "hi", "params": []}, "params"),
+    ({"content": "hi", "params": {"max_tokens": 0}}, "params.max_tokens"),
+    ({"content": "hi", "params": {"max_tokens": 10_000}}, "params.max_tokens"),
+    ({"content": "hi", "params": {"temperature": "hot"}}, "params.temperature"),
+    ({"content": "hi", "params": {"top_p": 2}}, "params.top_p"),
+    ({"content": "hi", "params": {"stop": ["a"] * 9}}, "params.stop"),
+    ({"content": "hi", "params": {"stop": [""]}}, "params.stop"),
+    ({"content": "hi", "params": {"best_of": 2}}, "params.best_of"),
+    ({"content": "hi", "params": {"simulation": {"length": 0}}}, "params.simulation"),
+]
+
+
+def test_invalid_params_are_400_naming_the_field(daphne, account):
+    server = daphne(MAX_MESSAGE_CHARS=2000)
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        for body, field in INVALID_BODIES:
+            response = api.post(f"/api/conversations/{conversation}/messages/", json=body)
+            assert_error(response, 400, field=field)
+        assert api.get(f"/api/conversations/{conversation}/messages/").json()["count"] == 0
+
+
+def test_invalid_fields_elsewhere_name_the_field(daphne, account):
+    server = daphne()
+    with client(server, account.token) as api:
+        assert_error(api.post("/api/conversations/", json={"title": "t" * 201}), 400, field="title")
+        conversation = new_conversation(api)
+        url = f"/api/conversations/{conversation}/"
+        assert_error(api.patch(url, json={"title": ["x"]}), 400, field="title")
+        wait = api.post(f"/api/conversations/{conversation}/messages/?wait=maybe", json={})
+        assert_error(wait, 400, field="wait")
+        form = api.post("/api/conversations/", data={"title": "form"})
+        assert_error(form, 415, "unsupported_media_type")
+
+
+def test_another_users_objects_answer_404(daphne, account, other_account):
+    server = daphne()
+    with client(server, account.token) as owner, client(server, other_account.token) as other:
+        conversation = new_conversation(owner, title="private")
+        message = post(owner, conversation, "secret", wait=True, text="hidden", **FAST).json()
+        answer = message["message"]["id"]
+        question = message["user_message"]["id"]
+        for response in [
+            other.get(f"/api/conversations/{conversation}/"),
+            other.patch(f"/api/conversations/{conversation}/", json={"title": "mine"}),
+            other.delete(f"/api/conversations/{conversation}/"),
+            other.get(f"/api/conversations/{conversation}/messages/"),
+            post(other, conversation, "let me in", **FAST),
+            other.get(f"/api/messages/{answer}/"),
+            other.get(f"/api/messages/{question}/"),
+            other.post(f"/api/messages/{answer}/cancel/"),
+            other.post(f"/api/messages/{answer}/continue/"),
+            other.get(f"/api/messages/{answer}/stream/"),
+            other.get(f"/api/messages/{uuid.uuid4()}/"),
+            other.get("/api/messages/not-a-uuid/"),
+            other.get("/api/no-such-endpoint/"),
+        ]:
+            assert_error(response, 404, "not_found")
+        assert other.get("/api/conversations/").json()["count"] == 0
+        assert owner.get(f"/api/conversations/{conversation}/").json()["title"] == "private"
+        assert owner.get(f"/api/messages/{answer}/").json()["content"] == "hidden"
+
+
+def test_unauthenticated_requests_answer_401(daphne, account):
+    server = daphne()
+    with client(server, account.token) as owner:
+        conversation = new_conversation(owner)
+        message = post(owner, conversation, "hi", wait=True, text="ok", **FAST).json()["message"]
+    ids = {"c": conversation, "m": message["id"]}
+    calls = [
+        ("GET", "/api/conversations/"),
+        ("POST", "/api/conversations/"),
+        ("GET", "/api/conversations/{c}/"),
+        ("PATCH", "/api/conversations/{c}/"),
+        ("DELETE", "/api/conversations/{c}/"),
+        ("GET", "/api/conversations/{c}/messages/"),
+        ("POST", "/api/conversations/{c}/messages/"),
+        ("GET", "/api/messages/{m}/"),
+        ("POST", "/api/messages/{m}/cancel/"),
+        ("POST", "/api/messages/{m}/continue/"),
+        ("GET", "/api/messages/{m}/stream/"),
+    ]
+    with client(server) as anonymous, client(server, "not-a-token") as forged:
+        for method, url in calls:
+            response = anonymous.request(method, url.format(**ids), json={})
+            assert_error(response, 401, "not_authenticated")
+            if not url.endswith("stream/"):
+                assert response.headers["www-authenticate"].startswith("Token")
+            assert_error(forged.request(method, url.format(**ids), json={}), 401)
+
+
+def test_delete_removes_messages_and_logs_and_stops_the_answer(daphne, account):
+    from streaming.models import Message
+
+    server = daphne()
+    redis = _redis()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        done = post(api, conversation, "one", wait=True, text="first", **FAST).json()
+        running = started(api, conversation, "two", **SLOW)
+        ids = [done["user_message"]["id"], done["message"]["id"], running["id"]]
+        if redis is not None:
+            assert redis.exists(f"chat:log:{done['message']['id']}")
+            assert redis.exists(f"chat:log:{running['id']}")
+
+        response = api.delete(f"/api/conversations/{conversation}/")
+        assert response.status_code == 204, response.text
+        assert not Message.objects.filter(id__in=ids).exists()
+        assert_error(api.get(f"/api/conversations/{conversation}/"), 404)
+        for message_id in ids:
+            assert_error(api.get(f"/api/messages/{message_id}/"), 404)
+        assert_error(api.get(f"/api/messages/{running['id']}/stream/"), 404)
+        if redis is not None:
+            assert not redis.exists(f"chat:log:{done['message']['id']}")
+            assert not redis.exists(f"chat:log:{running['id']}")
+        assert api.get("/api/conversations/").json()["count"] == 0
+
+
+def _redis():
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        return None
+    import redis
+
+    return redis.Redis.from_url(url)

@@ -1,0 +1,68 @@
+"""The OpenAPI schema and its docs page, and schemathesis fuzzing the API it describes
+against a real Daphne process: no request may produce a server error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from django.test import Client
+
+from tests.support.servers import ROOT
+
+OPERATIONS = {
+    "/api/conversations/": {"get", "post"},
+    "/api/conversations/{conversation_id}/": {"get", "patch", "delete"},
+    "/api/conversations/{conversation_id}/messages/": {"get", "post"},
+    "/api/messages/{message_id}/": {"get"},
+    "/api/messages/{message_id}/cancel/": {"post"},
+    "/api/messages/{message_id}/continue/": {"post"},
+}
+
+
+def test_schema_describes_every_endpoint_and_docs_are_served(db):
+    schema = Client().get("/api/schema/?format=json")
+    assert schema.status_code == 200
+    document = schema.json()
+    assert document["openapi"].startswith("3.")
+    paths = document["paths"]
+    assert {p: set(paths[p]) - {"parameters"} for p in OPERATIONS} == OPERATIONS
+    post = paths["/api/conversations/{conversation_id}/messages/"]["post"]
+    assert {"201", "400", "401", "404", "413", "429"} <= set(post["responses"])
+    params = document["components"]["schemas"]["GenerationParams"]["properties"]
+    assert {"max_tokens", "temperature", "top_p", "stop", "simulation"} <= set(params)
+
+    docs = Client().get("/api/docs/")
+    assert docs.status_code == 200
+    assert b"swagger-ui" in docs.content
+    assert b"/api/schema/" in docs.content
+
+
+def test_schemathesis_finds_no_server_error(daphne, account, tmp_path):
+    # Small answers keep ?wait=true calls short; the concurrency limit still applies.
+    server = daphne(DEFAULT_MAX_TOKENS=4, MAX_REQUEST_BYTES=65536)
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "schemathesis.cli", "run", f"{server.url}/api/schema/",
+            "--url", server.url,
+            "--header", f"Authorization: Token {account.token}",
+            "--checks", "not_a_server_error",
+            "--phases", "examples,coverage,fuzzing",
+            "--max-examples", "12",
+            "--seed", "1",
+            "--workers", "2",
+            "--request-timeout", "20",
+            "--generation-database", "none",
+            "--no-color",
+            "--report-dir", str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:] + "\n" + server.log_text()[-4000:]
+    assert "Selected: 10/10" in output, output[-3000:]
+    assert "No issues found" in output, output[-3000:]
