@@ -1,0 +1,354 @@
+"""The load generator: many streams, each a small state machine over one connection.
+
+A ``StreamPlan`` says what one simulated user does (which server, which transport, when
+to start, what to do after ``act_after`` deltas: keep reading, disconnect, resume, stop
+reading); a ``StreamResult`` is what the client saw, with wall-clock stamps so results
+from several load processes and the servers' emit stamps share one clock.
+
+``run`` drives a list of plans on one event loop; ``run_in_processes`` splits them over
+several processes, so the load generator is not the bottleneck it measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.clients import Http, HttpError, WebSocket, sse_events
+
+# What a stream does once it has seen ``act_after`` deltas.
+READ = "read"  # read to the end
+DISCONNECT = "disconnect"  # close the connection (the server should abort the engine)
+RESUME = "resume"  # close, reconnect at once from the last event id, read to the end
+STOP_READING = "stop_reading"  # keep the socket open until ``hold_until``, never reading
+
+
+@dataclass(slots=True)
+class StreamPlan:
+    transport: str  # "sse", "ws" or "relay"
+    host: str
+    port: int
+    token: str
+    conversation: str
+    start_at: float  # wall clock
+    simulation: dict[str, Any]
+    content: str = "Tell me something."
+    action: str = READ
+    act_after: int = 0
+    deadline: float = 0.0  # wall clock; give up (an error) after it
+    hold_until: float = 0.0  # STOP_READING: wall clock when the idle socket is closed
+    rcvbuf: int | None = None
+
+
+@dataclass(slots=True)
+class StreamResult:
+    transport: str
+    message_id: str = ""
+    error: str | None = None
+    status: str | None = None  # the termination status in ``done``
+    sent_at: float = 0.0  # the POST / message.create went out
+    accepted_at: float = 0.0  # its answer arrived
+    first_delta_at: float = 0.0
+    last_at: float = 0.0  # the last delta arrived
+    closed_at: float = 0.0  # DISCONNECT / RESUME: when this client closed
+    resumed_first_at: float = 0.0  # RESUME: the first replayed event arrived
+    resume_started_at: float = 0.0
+    tokens: int = 0
+    frames: int = 0
+    text: str = ""
+    gaps: list[float] = field(default_factory=list)  # ms between delta frames
+    latencies: list[float] = field(default_factory=list)  # ms, receive minus emit stamp
+
+
+def _params(plan: StreamPlan) -> dict[str, Any]:
+    """``simulation`` only when there is one: other engines refuse the key."""
+    return {"simulation": plan.simulation} if plan.simulation else {}
+
+
+class Tracker:
+    """Per-stream bookkeeping of delta frames as they arrive."""
+
+    __slots__ = ("last_at", "parts", "result", "seq")
+
+    def __init__(self, result: StreamResult) -> None:
+        self.result = result
+        self.seq = 0
+        self.last_at = 0.0
+        self.parts: list[str] = []
+
+    def event(self, event: dict[str, Any], at: float) -> bool:
+        """Record one event; True when it ends the stream."""
+        r = self.result
+        kind = event.get("type")
+        seq = event.get("seq", self.seq)
+        if kind == "delta":
+            r.tokens += seq - self.seq if self.seq else 1
+            r.frames += 1
+            self.parts.append(event["text"])
+            if not r.first_delta_at:
+                r.first_delta_at = at
+            elif self.last_at:
+                r.gaps.append((at - self.last_at) * 1000)
+            self.last_at = r.last_at = at
+            stamp = event.get("t")
+            if stamp is not None:
+                r.latencies.append((at - stamp) * 1000)
+        elif kind == "error" and "seq" not in event:
+            raise RuntimeError(f"error frame: {event}")
+        elif kind == "done":
+            r.status = event.get("status")
+            self.seq = seq
+            return True
+        self.seq = seq
+        return False
+
+    def relay_token(self, payload: dict[str, Any], at: float) -> bool:
+        r = self.result
+        if payload.get("done"):
+            r.status = "complete"
+            return True
+        if "error" in payload:
+            raise RuntimeError(f"relay error: {payload['error']}")
+        r.tokens += 1
+        r.frames += 1
+        self.parts.append(payload["token"])
+        if not r.first_delta_at:
+            r.first_delta_at = at
+        elif self.last_at:
+            r.gaps.append((at - self.last_at) * 1000)
+        self.last_at = r.last_at = at
+        if payload.get("t") is not None:
+            r.latencies.append((at - payload["t"]) * 1000)
+        return False
+
+    def deltas(self) -> int:
+        return len(self.parts)
+
+
+async def _sse(plan: StreamPlan, result: StreamResult) -> None:
+    http = await Http.open(plan.host, plan.port, plan.rcvbuf)
+    tracker = Tracker(result)
+    try:
+        async with _Creating():
+            result.sent_at = time.time()
+            answer = await http.json(
+                "POST",
+                f"/api/conversations/{plan.conversation}/messages/",
+                plan.token,
+                {"content": plan.content, "params": _params(plan)},
+            )
+        result.accepted_at = time.time()
+        result.message_id = answer["message"]["id"]
+        path = f"/api/messages/{result.message_id}/stream/"
+        if await _read_sse(http, plan, path, tracker, None):
+            await _hold(plan)
+            return
+        # DISCONNECT / RESUME: the connection was closed after act_after deltas.
+        if plan.action == RESUME:
+            result.resume_started_at = time.time()
+            http = await Http.open(plan.host, plan.port)
+            await _read_sse(http, plan, path, tracker, tracker.seq)
+    finally:
+        http.close()
+        result.text = "".join(tracker.parts)
+
+
+async def _read_sse(
+    http: Http, plan: StreamPlan, path: str, tracker: Tracker, after: int | None
+) -> bool:
+    """Read a stream; True when it reached ``done`` (or was given up on purpose)."""
+    headers = {"Authorization": f"Token {plan.token}", "Accept": "text/event-stream"}
+    if after is not None:
+        headers["Last-Event-ID"] = str(after)
+    http.send("GET", path, headers)
+    status, head = await http.head()
+    if status == 204:
+        return True
+    if status != 200:
+        raise HttpError(status, b"")
+    result = tracker.result
+    buffer = bytearray()
+    acting = after is None and plan.action != READ
+    async for data, at in http.body(head):
+        for event in sse_events(buffer, data):
+            if after is not None and not result.resumed_first_at:
+                result.resumed_first_at = at
+            if tracker.event(event, at):
+                return True
+            if acting and tracker.deltas() >= plan.act_after:
+                return _act(http, plan, result)
+    raise RuntimeError("the stream ended without done")
+
+
+def _act(http: Http, plan: StreamPlan, result: StreamResult) -> bool:
+    result.closed_at = time.time()
+    if plan.action == STOP_READING:
+        http.writer.transport.pause_reading()  # type: ignore[attr-defined]
+        return True
+    http.close()
+    return plan.action == DISCONNECT
+
+
+async def _hold(plan: StreamPlan) -> None:
+    if plan.action == STOP_READING:
+        await asyncio.sleep(max(plan.hold_until - time.time(), 0))
+
+
+async def _ws(plan: StreamPlan, result: StreamResult) -> None:
+    ws = await WebSocket.open(plan.host, plan.port, "/ws/chat/", plan.token)
+    tracker = Tracker(result)
+    try:
+        result.sent_at = time.time()
+        ws.send_json(
+            {
+                "type": "message.create",
+                "conversation": plan.conversation,
+                "content": plan.content,
+                "params": _params(plan),
+            }
+        )
+        if await _read_ws(ws, plan, tracker, resumed=False):
+            await _hold(plan)
+            return
+        if plan.action == RESUME:
+            result.resume_started_at = time.time()
+            ws = await WebSocket.open(plan.host, plan.port, "/ws/chat/", plan.token)
+            after = tracker.seq
+            ws.send_json({"type": "subscribe", "message_id": result.message_id, "after": after})
+            await _read_ws(ws, plan, tracker, resumed=True)
+    finally:
+        ws.close()
+        result.text = "".join(tracker.parts)
+
+
+async def _read_ws(ws: WebSocket, plan: StreamPlan, tracker: Tracker, resumed: bool) -> bool:
+    result = tracker.result
+    acting = not resumed and plan.action != READ
+    async for batch, at in ws.frames():
+        for frame in batch:
+            kind = frame.get("type")
+            if kind == "message.created":
+                result.accepted_at = at
+                result.message_id = frame["message_id"]
+                continue
+            if kind in ("subscribed", "heartbeat", "pong"):
+                continue
+            if kind == "error" and "seq" not in frame:
+                raise RuntimeError(f"error frame: {frame}")
+            if resumed and not result.resumed_first_at:
+                result.resumed_first_at = at
+            if tracker.event(frame, at):
+                return True
+            if acting and tracker.deltas() >= plan.act_after:
+                return _act(ws.http, plan, result)
+    raise RuntimeError(f"the socket closed without done (code {ws.closed_code})")
+
+
+async def _relay(plan: StreamPlan, result: StreamResult) -> None:
+    """The baseline's reference shape: one POST answered by ``data: {"token": ...}``."""
+    http = await Http.open(plan.host, plan.port, plan.rcvbuf)
+    tracker = Tracker(result)
+    try:
+        body = {"content": plan.content, "simulation": plan.simulation}
+        result.sent_at = time.time()
+        http.send(
+            "POST", "/stream", {"Content-Type": "application/json"}, json.dumps(body).encode()
+        )
+        status, head = await http.head()
+        result.accepted_at = time.time()
+        if status != 200:
+            raise HttpError(status, b"")
+        result.message_id = head.get("x-request-id", "")
+        buffer = bytearray()
+        acting = plan.action != READ
+        async for data, at in http.body(head):
+            for payload in sse_events(buffer, data):
+                if tracker.relay_token(payload, at):
+                    return
+                if acting and tracker.deltas() >= plan.act_after:
+                    _act(http, plan, result)
+                    await _hold(plan)
+                    return
+        raise RuntimeError("the relay stream ended without done")
+    finally:
+        http.close()
+        result.text = "".join(tracker.parts)
+
+
+RUNNERS = {"sse": _sse, "ws": _ws, "relay": _relay}
+
+
+async def run_one(plan: StreamPlan) -> StreamResult:
+    result = StreamResult(plan.transport)
+    delay = plan.start_at - time.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    try:
+        timeout = plan.deadline - time.time() if plan.deadline else None
+        async with asyncio.timeout(timeout):
+            await RUNNERS[plan.transport](plan, result)
+    except TimeoutError:
+        result.error = "timeout"
+    except Exception as exc:
+        result.error = f"{exc.__class__.__name__}: {exc}"[:300]
+    return result
+
+
+async def run(plans: list[StreamPlan], creates_in_flight: int = 0) -> list[StreamResult]:
+    """Run every plan; ``creates_in_flight`` > 0 bounds how many message creations wait
+    for their answer at once (see docs/reliability.md on concurrent REST POSTs)."""
+    global _creates
+    _creates = asyncio.Semaphore(creates_in_flight) if creates_in_flight else None
+    return list(await asyncio.gather(*(run_one(p) for p in plans)))
+
+
+_creates: asyncio.Semaphore | None = None
+
+
+class _Creating:
+    async def __aenter__(self) -> None:
+        if _creates is not None:
+            await _creates.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if _creates is not None:
+            _creates.release()
+
+
+def _run_slice(job: tuple[list[StreamPlan], int]) -> list[StreamResult]:
+    plans, creates_in_flight = job
+    return asyncio.run(run(plans, creates_in_flight))
+
+
+def run_in_processes(
+    plans: list[StreamPlan],
+    processes: int,
+    samples: list[tuple[float, Callable[[], None]]] = (),  # type: ignore[assignment]
+    creates_in_flight: int = 0,
+) -> list[StreamResult]:
+    """Interleave the plans over ``processes`` load processes; results in plan order.
+
+    ``samples`` are (wall clock, callback) pairs run in this process while the load runs:
+    how the harness reads the servers' /proc figures in the middle of a scenario.
+    """
+    processes = max(1, min(processes, len(plans)))
+    per_process = -(-creates_in_flight // processes) if creates_in_flight else 0
+    slices = [(plans[i::processes], per_process) for i in range(processes)]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        pending = pool.map_async(_run_slice, slices)
+        for at, callback in sorted(samples, key=lambda pair: pair[0]):
+            delay = at - time.time()
+            if delay > 0 and not pending.ready():
+                pending.wait(delay)
+            callback()
+        parts = pending.get()
+    results: list[StreamResult] = [StreamResult("")] * len(plans)
+    for i, part in enumerate(parts):
+        for j, result in enumerate(part):
+            results[i + j * processes] = result
+    return results

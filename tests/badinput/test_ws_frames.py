@@ -1,0 +1,202 @@
+"""Bad WebSocket frames against a real Daphne process.
+
+Every bad frame gets an ``error`` frame naming what was wrong and the socket stays open
+(docs/protocol.md, docs/reliability.md); after all of them the same socket and the server
+still stream a message to its end.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+
+from streaming.transports.ws import MAX_FRAME_CHARS
+from tests.support.clients import auth, create_conversation, post_message
+
+pytestmark = pytest.mark.asyncio
+
+
+async def next_reply(ws: Any) -> dict[str, Any]:
+    """The next frame that is not a keep-alive."""
+    while True:
+        frame = json.loads(await ws.recv())
+        if frame.get("type") != "heartbeat":
+            return frame
+
+
+async def error_for(ws: Any, frame: str | bytes) -> dict[str, Any]:
+    await ws.send(frame)
+    reply = await next_reply(ws)
+    assert reply["type"] == "error", reply
+    return reply
+
+
+def connect(
+    server: Any, token: str | None = None, headers: dict[str, str] | None = None, **kwargs: Any
+) -> Any:
+    headers = {**(headers or {}), **(auth(token) if token else {})}
+    return websockets.connect(
+        f"{server.ws_url}/ws/chat/", additional_headers=headers, open_timeout=10, **kwargs
+    )
+
+
+async def stream_to_end(ws: Any, message_id: str) -> str:
+    text = ""
+    while True:
+        frame = await next_reply(ws)
+        if frame.get("message_id") != message_id:
+            continue
+        if frame["type"] == "delta":
+            text += frame["text"]
+        if frame["type"] == "done":
+            assert frame["status"] == "complete"
+            return text
+
+
+async def test_malformed_frames_get_error_frames_and_the_socket_keeps_working(daphne, account):
+    server = daphne()
+    async with connect(server, account.token, max_size=None) as ws:
+        assert (await error_for(ws, "{not json"))["code"] == "invalid_json"
+        assert (await error_for(ws, "\ud800".encode("utf-8", "surrogatepass")))[
+            "code"
+        ] == "binary_frame"
+        assert (await error_for(ws, b"\x00\x01\x02"))["code"] == "binary_frame"
+        assert (await error_for(ws, "[1, 2]"))["code"] == "invalid_frame"
+        assert (await error_for(ws, "42"))["code"] == "invalid_frame"
+        assert (await error_for(ws, "null"))["code"] == "invalid_frame"
+        oversized = json.dumps({"type": "ping", "pad": "x" * MAX_FRAME_CHARS})
+        assert (await error_for(ws, oversized))["code"] == "frame_too_large"
+        just_under_daphne_limit = json.dumps({"type": "ping", "pad": "y" * (1000 * 1000)})
+        assert (await error_for(ws, just_under_daphne_limit))["code"] == "frame_too_large"
+        unknown = await error_for(ws, json.dumps({"type": "launch.missiles", "ref": 7}))
+        assert unknown["code"] == "unknown_type"
+        assert unknown["ref"] == 7, "errors carry the frame's ref back"
+        assert (await error_for(ws, json.dumps({"type": ["ping"]})))["code"] == "unknown_type"
+        assert (await error_for(ws, json.dumps({"no": "type"})))["code"] == "unknown_type"
+        assert (await error_for(ws, json.dumps({"type": "subscribe"})))["code"] == "invalid_frame"
+        for after in (-1, "5", True, 1.5, None):
+            reply = await error_for(
+                ws,
+                json.dumps({"type": "subscribe", "message_id": str(uuid.uuid4()), "after": after}),
+            )
+            assert reply["code"] == "invalid_cursor", after
+        bad_params = await error_for(
+            ws,
+            json.dumps(
+                {
+                    "type": "message.create",
+                    "conversation": str(uuid.uuid4()),
+                    "content": "hi",
+                    "params": {"max_tokens": "lots"},
+                }
+            ),
+        )
+        assert bad_params["code"] == "invalid_params"
+        assert bad_params["field"] == "params.max_tokens"
+
+        await ws.send(json.dumps({"type": "ping", "ref": "still-there"}))
+        assert await next_reply(ws) == {"type": "pong", "ref": "still-there"}
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            conversation = await create_conversation(client, account.token)
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "message.create",
+                    "conversation": conversation,
+                    "content": "after the abuse",
+                    "params": {"simulation": {"text": "still streaming", "tokens_per_second": 500}},
+                }
+            )
+        )
+        created = await next_reply(ws)
+        assert created["type"] == "message.created"
+        assert await stream_to_end(ws, created["message_id"]) == "still streaming"
+
+
+async def test_frames_over_the_server_limit_close_the_socket_with_1009(daphne, account):
+    """Daphne refuses WebSocket messages over 1 MiB before our code sees them."""
+    server = daphne()
+    async with connect(server, account.token, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "ping"}))
+        assert (await next_reply(ws))["type"] == "pong"
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.send(json.dumps({"type": "ping", "pad": "z" * (2 * 1024 * 1024)}))
+            await next_reply(ws)
+        received = closed.value.rcvd
+        # The server closes with 1009 (message too big); while our client is still
+        # writing the rest of the frame the close may arrive as a reset instead.
+        assert received is None or received.code == 1009
+    async with connect(server, account.token) as ws:
+        await ws.send(json.dumps({"type": "ping", "ref": 1}))
+        assert await next_reply(ws) == {"type": "pong", "ref": 1}
+
+
+async def test_unknown_and_foreign_messages_answer_not_found(daphne, account, other_account):
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "mine", simulation={"length": 5}
+        )
+    owned = message["id"]
+    async with connect(server, other_account.token) as ws:
+        for kind in ("subscribe", "cancel", "continue", "unsubscribe"):
+            for target in (owned, str(uuid.uuid4()), "not-a-uuid", "../../etc/passwd"):
+                await ws.send(json.dumps({"type": kind, "message_id": target, "ref": kind}))
+                if kind == "unsubscribe":
+                    continue  # nothing to stop: silently ignored, never an answer
+                reply = await next_reply(ws)
+                assert reply["type"] == "error", (kind, target, reply)
+                assert reply["code"] == "not_found", (kind, target, reply)
+                assert reply["status"] == 404
+                assert owned not in json.dumps(reply) or target == owned
+        foreign_create = await error_for(
+            ws, json.dumps({"type": "message.create", "conversation": conversation, "content": "x"})
+        )
+        assert foreign_create["code"] == "not_found"
+        await ws.send(json.dumps({"type": "ping"}))
+        assert (await next_reply(ws))["type"] == "pong"
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        untouched = (
+            await client.get(f"/api/messages/{owned}/", headers=auth(account.token))
+        ).json()
+        assert untouched["status"] in ("streaming", "complete")
+        assert untouched["status"] != "cancelled"
+
+
+async def test_unauthenticated_socket_can_only_ping_or_authenticate(daphne, account):
+    server = daphne()
+    async with connect(server) as ws:
+        for frame in (
+            {"type": "subscribe", "message_id": str(uuid.uuid4())},
+            {"type": "message.create", "conversation": str(uuid.uuid4()), "content": "hi"},
+            {"type": "cancel", "message_id": str(uuid.uuid4())},
+        ):
+            assert (await error_for(ws, json.dumps(frame)))["code"] == "not_authenticated"
+        assert (await error_for(ws, json.dumps({"type": "auth", "token": "nope"})))[
+            "code"
+        ] == "not_authenticated"
+        assert (await error_for(ws, json.dumps({"type": "auth", "token": 12})))[
+            "code"
+        ] == "invalid_frame"
+        await ws.send(json.dumps({"type": "auth", "token": account.token}))
+        assert (await next_reply(ws))["type"] == "authenticated"
+
+
+async def test_bad_handshakes_are_refused_with_documented_codes(daphne, account):
+    server = daphne()
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with connect(server, headers={"Origin": "https://evil.example"}):
+            pass
+    assert refused.value.response.status_code == 403
+    async with connect(server, "not-a-token") as ws:
+        assert (await error_for(ws, json.dumps({"type": "subscribe", "message_id": "x"})))[
+            "code"
+        ] == "not_authenticated"
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        assert (await client.get("/healthz")).status_code == 200

@@ -1,0 +1,56 @@
+"""PostgreSQL unreachable for a few seconds in the middle of a stream.
+
+Tokens keep flowing to the reader while the database is gone (they travel through the
+event log, never the database); the write-behind flush and the final record retry, so
+the stored message catches up and matches what the reader got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.faults.readers import Reader, assert_exact
+from tests.support.clients import auth, create_conversation, post_message
+from tests.support.servers import database_url
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.postgres]
+
+OUTAGE_SECONDS = 3.0  # how long the database stays unreachable: the fault itself
+
+
+def through(proxy_port: int) -> str:
+    url = database_url()
+    host_port = url.split("@", 1)[1].split("/", 1)[0]
+    return url.replace(f"@{host_port}/", f"@127.0.0.1:{proxy_port}/")
+
+
+async def test_database_outage_mid_stream_loses_nothing(daphne, account, postgres_proxy):
+    server = daphne(DATABASE_URL=through(postgres_proxy.port), STREAM_FLUSH_INTERVAL="0.2")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "hi",
+            simulation={"length": 400, "tokens_per_second": 60, "ttft_ms": 0},
+        )  # fmt: skip
+        reader = Reader(client, account.token, message["id"])
+        task = asyncio.create_task(reader.run())
+        async with asyncio.timeout(30):
+            await reader.seen(10).wait()
+        postgres_proxy.cut()
+        at_cut = reader.deltas
+        await asyncio.sleep(OUTAGE_SECONDS)
+        during = reader.deltas - at_cut
+        postgres_proxy.restore()
+        async with asyncio.timeout(60):
+            await task
+        assert during > 0, "tokens kept flowing while the database was unreachable"
+        assert reader.reconnects == 0
+        stored = await client.get(f"/api/messages/{message['id']}/", headers=auth(account.token))
+        persisted = stored.json()
+        assert persisted["status"] == "complete", persisted["termination"]
+        assert_exact(reader.events, persisted)
+        assert len(persisted["content"]) > 0
+        assert (await client.get("/readyz")).status_code == 200
