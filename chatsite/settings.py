@@ -137,6 +137,9 @@ DATABASES["default"]["ENGINE"] = _PROMETHEUS_DB_ENGINES.get(
     DATABASES["default"]["ENGINE"], DATABASES["default"]["ENGINE"]
 )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Threads that run database calls for async code (streaming.database); keep it below the
+# pool size so request threads always find a connection.
+DATABASE_THREADS = env_int("DATABASE_THREADS", 4)
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels.db import database_sync_to_async
 from django.contrib.auth.models import AnonymousUser
+
+from streaming import database
 
 
 def header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -29,8 +30,7 @@ def token_from_header(value: str | None) -> str | None:
     return ""  # present but malformed: never fall back to the session
 
 
-@database_sync_to_async
-def user_for_token(key: str) -> Any:
+def _user_for_token(key: str) -> Any:
     from rest_framework.authtoken.models import Token
 
     try:
@@ -38,6 +38,10 @@ def user_for_token(key: str) -> Any:
     except Token.DoesNotExist:
         return AnonymousUser()
     return token.user if token.user.is_active else AnonymousUser()
+
+
+async def user_for_token(key: str) -> Any:
+    return await database.run(_user_for_token, key)
 
 
 async def authenticate(scope: dict[str, Any]) -> Any:
@@ -48,6 +52,4 @@ async def authenticate(scope: dict[str, Any]) -> Any:
     if user is None:
         return AnonymousUser()
     # Channels' lazy user: resolve it off the event loop thread.
-    return await database_sync_to_async(
-        lambda: user if user.is_authenticated else AnonymousUser()
-    )()
+    return await database.run(lambda: user if user.is_authenticated else AnonymousUser())

@@ -19,10 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from streaming import events, metrics
+from streaming import database, events, metrics
 from streaming.detokenize import Detokenizer
 from streaming.engines.base import EngineChunk, EngineError, EngineRequest
 from streaming.logcontext import stream_context
@@ -342,7 +341,8 @@ class Generation:
         while True:
             started = time.monotonic()
             try:
-                owned = await sync_to_async(finalize_segment, thread_sensitive=True)(
+                owned = await database.run(
+                    finalize_segment,
                     message_id=self.plan.message_id,
                     conversation_id=self.plan.conversation_id,
                     segment_index=self.plan.segment_index,

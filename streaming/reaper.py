@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from streaming import events, metrics
+from streaming import database, events, metrics
 from streaming.models import Segment
 from streaming.persistence import finalize_segment
 from streaming.streamlog import SeqConflict
@@ -69,7 +69,10 @@ def _orphans(workers: list[str]) -> list[Orphan]:
     ]
 
 
-async def dead_workers(runtime: Runtime, workers: list[str]) -> list[str]:
+async def dead_workers(runtime: Runtime, workers: list[str], *, confirm: bool) -> list[str]:
+    """Workers without a heartbeat. With ``confirm``, only those this process has seen
+    missing for a whole heartbeat timeout: a Redis restart drops every heartbeat key at
+    once, and live processes must get the chance to beat again before being reaped."""
     others = [w for w in workers if w != runtime.worker_id]
     if not others:
         return []
@@ -80,16 +83,26 @@ async def dead_workers(runtime: Runtime, workers: list[str]) -> list[str]:
     for worker in others:
         pipe.exists(worker_key(worker))
     alive = await pipe.execute()
-    return [w for w, up in zip(others, alive, strict=True) if not up]
+    missing = [w for w, up in zip(others, alive, strict=True) if not up]
+    if not confirm:
+        return missing
+    now = time.monotonic()
+    seen = runtime.missing_workers
+    for worker in list(seen):
+        if worker not in missing:
+            del seen[worker]
+    for worker in missing:
+        seen.setdefault(worker, now)
+    return [w for w in missing if now - seen[w] >= settings.STREAM_HEARTBEAT_TIMEOUT]
 
 
-async def reap(runtime: Runtime) -> int:
+async def reap(runtime: Runtime, *, confirm: bool = True) -> int:
     """One pass; returns how many segments this process finalised."""
-    workers = await sync_to_async(_streaming_workers, thread_sensitive=True)()
-    dead = await dead_workers(runtime, workers)
+    workers = await database.run(_streaming_workers)
+    dead = await dead_workers(runtime, workers, confirm=confirm)
     if not dead:
         return 0
-    orphans = await sync_to_async(_orphans, thread_sensitive=True)(dead)
+    orphans = await database.run(_orphans, dead)
     reaped = 0
     for orphan in orphans:
         if await reap_one(runtime, orphan):
@@ -115,7 +128,8 @@ async def reap_one(runtime: Runtime, orphan: Orphan) -> bool:
     )
     termination.inspect_text(content)
     done_seq = last_seq + 1
-    owned = await sync_to_async(finalize_segment, thread_sensitive=True)(
+    owned = await database.run(
+        finalize_segment,
         message_id=orphan.message_id,
         conversation_id=orphan.conversation_id,
         segment_index=orphan.segment_index,

@@ -17,10 +17,9 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from streaming import metrics
+from streaming import database, metrics
 from streaming.control import Control
 from streaming.engines import build_engine
 from streaming.engines.base import Engine
@@ -49,6 +48,8 @@ class Runtime:
         self.presence = Presence(self, self.redis)
         self.control = Control(self)
         self.accepting = True
+        # Workers the reaper has found without a heartbeat, and since when (monotonic).
+        self.missing_workers: dict[str, float] = {}
         self._tasks: set[asyncio.Task[object]] = set()
         self._started: asyncio.Future[None] | None = None
 
@@ -153,7 +154,7 @@ class Runtime:
             batch = list(pending.values())
             started = time.monotonic()
             try:
-                await sync_to_async(flush_partials, thread_sensitive=True)(batch)
+                await database.run(flush_partials, batch)
             except Exception:
                 log.warning("write-behind flush failed for %d messages; will retry", len(batch))
                 continue

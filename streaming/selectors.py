@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db.models import QuerySet
 
+from streaming import database
 from streaming.models import Conversation, Message
 from streaming.services import NotFound, message_for
 from streaming.transports.subscription import MessageState
@@ -37,4 +37,4 @@ def _state(user: Any, message_id: Any) -> MessageState:
 
 
 async def message_state(user: Any, message_id: Any) -> MessageState:
-    return await sync_to_async(_state)(user, message_id)
+    return await database.run(_state, user, message_id)

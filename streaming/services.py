@@ -12,11 +12,11 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from streaming import database
 from streaming.engines.base import ChatTurn, EngineRequest
 from streaming.generation import Generation, SegmentPlan
 from streaming.models import Conversation, Message, Segment
@@ -231,8 +231,15 @@ async def post_message(
         raise ShuttingDown("this server is shutting down; retry")
     content = _validate_content(content)
     params = clean_params(raw_params, runtime)
-    user_message, assistant, plan = await sync_to_async(_create_exchange)(
-        user, conversation_id, content, params, runtime.engine.model, prior or [], abandon_grace
+    user_message, assistant, plan = await database.run(
+        _create_exchange,
+        user,
+        conversation_id,
+        content,
+        params,
+        runtime.engine.model,
+        prior or [],
+        abandon_grace,
     )
     generation = await runtime.launch(plan)
     return Exchange(user_message, assistant, generation)
@@ -290,27 +297,27 @@ async def continue_message(user: Any, message_id: Any) -> Exchange:
     runtime = get_runtime()
     if not runtime.accepting:
         raise ShuttingDown("this server is shutting down; retry")
-    message, plan = await sync_to_async(_create_continuation)(user, message_id)
+    message, plan = await database.run(_create_continuation, user, message_id)
     generation = await runtime.launch(plan)
     return Exchange(None, message, generation)
 
 
 async def continue_interrupted(runtime: Runtime, message_id: str) -> None:
     """Automatic Continue after a reaped interruption (``STREAM_AUTO_CONTINUE_INTERRUPTED``)."""
-    owner = await sync_to_async(
+    owner = await database.run(
         lambda: (
             Message.objects.select_related("conversation__owner")
             .get(id=message_id)
             .conversation.owner
         )
-    )()
+    )
     with contextlib.suppress(ServiceError):
         await continue_message(owner, message_id)
 
 
 async def cancel_message(user: Any, message_id: Any, *, wait: float = 5.0) -> Message:
     """Stop a streaming message wherever it is generated; answer with its final state."""
-    message = await sync_to_async(message_for)(user, message_id)
+    message = await database.run(message_for, user, message_id)
     if message.status != Status.STREAMING:
         return message
     runtime = get_runtime()
@@ -318,7 +325,7 @@ async def cancel_message(user: Any, message_id: Any, *, wait: float = 5.0) -> Me
     await runtime.cancel(str(message.id), "cancelled")
     with contextlib.suppress(TimeoutError):
         await wait_until_ended(str(message.id), wait)
-    return await sync_to_async(message_for)(user, message_id)
+    return await database.run(message_for, user, message_id)
 
 
 async def wait_until_ended(message_id: str, limit: float | None = None) -> None:
@@ -328,9 +335,9 @@ async def wait_until_ended(message_id: str, limit: float | None = None) -> None:
     if generation is not None:
         await asyncio.wait_for(generation.finished.wait(), limit)
         return
-    last, status = await sync_to_async(
+    last, status = await database.run(
         lambda: Message.objects.values_list("last_seq", "status").get(id=message_id)
-    )()
+    )
     if status != Status.STREAMING:
         return
     try:

@@ -23,11 +23,10 @@ import logging
 import time
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 
-from streaming import services
+from streaming import database, services
 from streaming.api.completions import (
     FAILED,
     ChunkStream,
@@ -204,7 +203,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
         conversation_id = header(self.scope, b"x-conversation-id")
         created = None
         if conversation_id is None:
-            created = await database_sync_to_async(services.create_conversation)(user)
+            created = await database.run(services.create_conversation, user)
             conversation_id = str(created.id)
         try:
             return await services.post_message(
@@ -217,7 +216,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
             )
         except services.ServiceError:
             if created is not None:
-                await database_sync_to_async(services.delete_conversation)(user, created.id)
+                await database.run(services.delete_conversation, user, created.id)
             raise
 
     async def stream(

@@ -1,5 +1,7 @@
 """Finalise answers whose generating process died (the serving processes also do this
-periodically; this runs one pass on demand, e.g. from cron or after a crash)."""
+periodically; this runs one pass on demand, e.g. after a crash). Unlike the periodic
+reaper it does not wait a second heartbeat timeout: run it when you know the process is
+gone, not right after a Redis restart."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ class Command(BaseCommand):
         async def once() -> int:
             runtime = get_runtime()
             try:
-                return await reap(runtime)
+                return await reap(runtime, confirm=False)
             finally:
                 await runtime.log.close()
 
