@@ -1,14 +1,19 @@
 """Liveness and readiness for load balancers and orchestrators.
 
-``/healthz``: the process answers. ``/readyz``: the database, Redis (when configured) and
-the engine answer; 503 names what is down, so an operator knows where to look.
+``/healthz``: the process answers (restart it if not). ``/readyz``: the database, Redis
+(when configured) and the engine answer within ``CHECK_TIMEOUT`` and the process is not
+draining after SIGTERM (send it no new streams if not). A 503 names what is down in
+``down`` and says why in ``checks``, so an operator knows where to look. Both are cheap,
+unauthenticated and never cached; they reveal no data, only which dependency failed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+from collections.abc import Awaitable
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
@@ -16,42 +21,92 @@ from django.http import HttpRequest, JsonResponse
 from streaming.runtime import get_runtime
 
 CHECK_TIMEOUT = 2.0
+OK = "ok"
+
+# While the database is away a check can block for the connection pool's whole timeout.
+# So it runs in a daemon thread of its own, one at a time: probes every few seconds never
+# tie up the threads that serve requests, and a blocked check never delays shutdown.
+_database_probe: threading.Thread | None = None
+
+
+def _answer(body: dict[str, object], status: int) -> JsonResponse:
+    response = JsonResponse(body, status=status)
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 async def healthz(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"status": "ok"})
+    return _answer({"status": OK}, 200)
 
 
-def _database() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
+def _select_one() -> None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    finally:
+        connection.close()  # back to the pool; never keep a connection that may break
 
 
-async def _check(name: str, check: object) -> tuple[str, str | None]:
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():  # the check timed out meanwhile
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+async def _database() -> None:
+    global _database_probe
+    if _database_probe is not None and _database_probe.is_alive():
+        raise TimeoutError("the previous check is still waiting")
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future[None] = loop.create_future()
+
+    def probe() -> None:
+        error: BaseException | None = None
+        try:
+            _select_one()
+        except Exception as exc:
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
+            loop.call_soon_threadsafe(_settle, answered, error)
+
+    _database_probe = threading.Thread(target=probe, name="readyz-database", daemon=True)
+    _database_probe.start()
+    await answered
+
+
+async def _engine() -> None:
+    if not await get_runtime().engine.health():
+        raise ConnectionError("the engine's health check did not answer 200")
+
+
+async def _check(check: Awaitable[object]) -> str:
+    """``ok``, or why not: the exception's class and message, short."""
     try:
         async with asyncio.timeout(CHECK_TIMEOUT):
-            result = await check  # type: ignore[misc]
-        if result is False:
-            return name, "unhealthy"
-        return name, None
+            await check
+    except TimeoutError:
+        return f"no answer within {CHECK_TIMEOUT:g} s"
     except Exception as exc:
-        return name, f"{exc.__class__.__name__}: {exc}"[:200] or "unreachable"
+        return f"{exc.__class__.__name__}: {exc}"[:200]
+    return OK
 
 
 async def readyz(request: HttpRequest) -> JsonResponse:
     runtime = get_runtime()
-    checks = [_check("database", sync_to_async(_database)())]
-    if settings.REDIS_URL:
-        checks.append(_check("redis", runtime.log.ping()))
-    checks.append(_check("engine", runtime.engine.health()))
-    results = await asyncio.gather(*checks)
-    down = {name: error for name, error in results if error is not None}
-    body = {
-        "status": "ok" if not down else "unavailable",
-        "checks": {name: ("ok" if error is None else error) for name, error in results},
-        "accepting": runtime.accepting,
+    checks: dict[str, Awaitable[object]] = {
+        "database": _database(),
+        "engine": _engine(),
     }
+    if settings.REDIS_URL:
+        checks["redis"] = runtime.log.ping()
+    results = dict(zip(checks, await asyncio.gather(*map(_check, checks.values())), strict=True))
+    if not runtime.accepting:
+        results["process"] = "draining after SIGTERM"
+    down = sorted(name for name, result in results.items() if result != OK)
+    body: dict[str, object] = {"status": "unavailable" if down else OK, "checks": results}
     if down:
-        body["down"] = sorted(down)
-    status = 200 if not down and runtime.accepting else 503
-    return JsonResponse(body, status=status)
+        body["down"] = down
+    return _answer(body, 503 if down else 200)

@@ -1,7 +1,12 @@
 """Per-stream logging context.
 
 Every log line written while a stream is handled carries its message id and request id,
-taken from context variables, so one grep follows a message across processes.
+taken from context variables, so one grep follows a message across processes - and into
+vLLM's own log, which records the same request id (we send it as ``X-Request-Id``).
+
+The request id is the engine request's: ``<message id>.<segment index>``. Lines from a
+generation (and from the engine client it drives) carry both ids; lines from a reader carry
+the message id (a reader spans segments). ``LOG_FORMAT=json`` writes one JSON object a line.
 """
 
 from __future__ import annotations
@@ -11,26 +16,30 @@ import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 
-message_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("message_id", default="-")
-request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+NO_ID = "-"
+
+message_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("message_id", default=NO_ID)
+request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default=NO_ID)
 
 
 @contextmanager
 def stream_context(message_id: str, request_id: str | None = None) -> Iterator[None]:
-    tokens = [message_id_var.set(message_id)]
-    if request_id is not None:
-        tokens.append(request_id_var.set(request_id))
+    """Tag the log lines of the code inside (and of tasks it starts) with these ids."""
+    message_token = message_id_var.set(message_id)
+    request_token = request_id_var.set(request_id) if request_id is not None else None
     try:
         yield
     finally:
-        request_token = tokens[1] if len(tokens) > 1 else None
         if request_token is not None:
             request_id_var.reset(request_token)
-        message_id_var.reset(tokens[0])
+        message_id_var.reset(message_token)
 
 
 class StreamContextFilter(logging.Filter):
+    """Copies the ids onto each record; an explicit ``extra={"message_id": ...}`` wins."""
+
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "message_id"):
             record.message_id = message_id_var.get()
@@ -40,15 +49,20 @@ class StreamContextFilter(logging.Filter):
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line, for log shippers; ids are always present ("-" if none)."""
+
     def format(self, record: logging.LogRecord) -> str:
         payload = {
-            "time": self.formatTime(record),
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
-            "message_id": getattr(record, "message_id", "-"),
-            "request_id": getattr(record, "request_id", "-"),
+            "message_id": getattr(record, "message_id", NO_ID),
+            "request_id": getattr(record, "request_id", NO_ID),
+            "pid": record.process,
         }
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            payload["stack"] = self.formatStack(record.stack_info)
         return json.dumps(payload, ensure_ascii=False)
