@@ -14,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from streaming import database
@@ -76,12 +77,9 @@ def _conversation_for(user: Any, conversation_id: Any, *, lock: bool = False) ->
         queryset = queryset.select_for_update()
     try:
         return queryset.get(id=conversation_id)
-    except (Conversation.DoesNotExist, ValueError, TypeError):
+    # A malformed id is just an id that names nothing (ValidationError for bad UUIDs).
+    except (Conversation.DoesNotExist, ValidationError, ValueError, TypeError):
         raise NotFound("conversation not found") from None
-    except Exception as exc:  # malformed UUIDs raise ValidationError
-        if exc.__class__.__name__ == "ValidationError":
-            raise NotFound("conversation not found") from None
-        raise
 
 
 def message_for(user: Any, message_id: Any, *, lock: bool = False) -> Message:
@@ -90,12 +88,8 @@ def message_for(user: Any, message_id: Any, *, lock: bool = False) -> Message:
         queryset = queryset.select_for_update(of=("self",))
     try:
         return queryset.get(id=message_id)
-    except (Message.DoesNotExist, ValueError, TypeError):
+    except (Message.DoesNotExist, ValidationError, ValueError, TypeError):
         raise NotFound("message not found") from None
-    except Exception as exc:
-        if exc.__class__.__name__ == "ValidationError":
-            raise NotFound("message not found") from None
-        raise
 
 
 def _turns(conversation: Conversation, messages: list[Message]) -> list[ChatTurn]:
