@@ -1,0 +1,139 @@
+// Following one message's events from a cursor, across dropped connections.
+//
+// The cursor is the seq of the last event applied. Every (re)connection asks for what
+// comes after it, and any event at or below it is dropped, so a resumed stream neither
+// repeats nor loses text whichever transport carries it. Retries back off exponentially
+// (with jitter, capped) and start at once when the browser comes back online. A stream
+// that cannot reconnect asks the REST API whether the message has ended meanwhile.
+
+import { messages } from "./api.js";
+import { openSse } from "./transports/sse.js";
+import { openWs } from "./transports/ws.js";
+
+const FIRST_RETRY_MS = 300;
+const MAX_RETRY_MS = 8000;
+
+const TRANSPORTS = { sse: openSse, ws: openWs };
+
+export class MessageStream {
+  /**
+   * @param {string} messageId
+   * @param {number} after  the cursor: the seq of the last event already shown
+   * @param {() => string} transport  "sse" or "ws", read at every (re)connection
+   * @param {object} view  {event(e), connection(state, detail), ended(record), failed(message)}
+   */
+  constructor(messageId, after, transport, view) {
+    this.messageId = messageId;
+    this.cursor = after;
+    this.transport = transport;
+    this.view = view;
+    this.connection = null;
+    this.attempt = 0;
+    this.timer = null;
+    this.finished = false;
+    this.receivedSinceOpen = false;
+    this.onOnline = () => {
+      if (this.timer !== null) this.retryNow();
+    };
+    // A browser that says it is offline has lost the connection, whatever the socket
+    // still believes; waiting for TCP to notice can take minutes.
+    this.onOffline = () => {
+      if (this.connection === null || this.finished) return;
+      this.connection.close();
+      this.lost("the browser is offline");
+    };
+    window.addEventListener("online", this.onOnline);
+    window.addEventListener("offline", this.onOffline);
+  }
+
+  start() {
+    this.open();
+    return this;
+  }
+
+  /** Stop following (the message stays as it is on the server). */
+  close() {
+    this.finished = true;
+    clearTimeout(this.timer);
+    this.timer = null;
+    window.removeEventListener("online", this.onOnline);
+    window.removeEventListener("offline", this.onOffline);
+    if (this.connection) this.connection.close();
+    this.connection = null;
+  }
+
+  open() {
+    this.timer = null;
+    this.receivedSinceOpen = false;
+    const open = TRANSPORTS[this.transport()] || openSse;
+    this.connection = open(this.messageId, this.cursor, {
+      opened: () => this.opened(),
+      event: (e) => this.apply(e),
+      lost: (reason) => this.lost(reason),
+      subscribed: (status) => this.subscribed(status),
+      failed: (message) => this.fail(message),
+    });
+  }
+
+  opened() {
+    if (!this.finished) this.view.connection("live");
+  }
+
+  apply(event) {
+    if (this.finished || typeof event.seq !== "number" || event.seq <= this.cursor) return;
+    this.cursor = event.seq;
+    this.receivedSinceOpen = true;
+    this.attempt = 0;
+    this.view.event(event);
+    if (event.type === "done") {
+      this.close();
+      this.view.ended(event);
+    }
+  }
+
+  lost(reason) {
+    if (this.finished) return;
+    this.connection = null;
+    this.view.connection("reconnecting", reason);
+    // Nothing came through since the last attempt: the message may have ended meanwhile.
+    if (!this.receivedSinceOpen && this.attempt > 0) this.checkEnded();
+    this.schedule();
+  }
+
+  subscribed(status) {
+    // A finished message with nothing after our cursor streams nothing more.
+    if (status && status !== "streaming") this.checkEnded();
+  }
+
+  schedule() {
+    const ceiling = Math.min(FIRST_RETRY_MS * 2 ** this.attempt, MAX_RETRY_MS);
+    const delay = ceiling / 2 + Math.random() * (ceiling / 2);
+    this.attempt += 1;
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.open(), delay);
+  }
+
+  retryNow() {
+    clearTimeout(this.timer);
+    this.open();
+  }
+
+  async checkEnded() {
+    let message;
+    try {
+      message = await messages.get(this.messageId);
+    } catch (error) {
+      if (error.status === 404) this.fail("this message no longer exists");
+      return;
+    }
+    if (this.finished || message.status === "streaming" || message.last_seq > this.cursor) return;
+    this.close();
+    this.view.settled(message);
+  }
+
+  fail(message) {
+    if (this.finished) return;
+    this.close();
+    this.view.failed(message);
+  }
+}

@@ -1,0 +1,117 @@
+"""The chat page as a test drives it: log in, ask, stop, continue, read what is shown."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from playwright.sync_api import BrowserContext, Locator, Page, expect
+
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
+
+
+class ChatPage:
+    def __init__(self, context: BrowserContext, base_url: str, api_url: str, token: str) -> None:
+        self.context = context
+        self.base_url = base_url
+        self.api_url = api_url
+        self.token = token
+        self.page: Page = context.new_page()
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+        self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        self.page.on("dialog", self._dialog)
+
+    def _dialog(self, dialog: Any) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.accept()
+
+    def login(self, username: str, password: str) -> ChatPage:
+        page = self.page
+        page.goto(self.base_url + "/")
+        expect(page).to_have_url(self.base_url + "/accounts/login/?next=/")
+        page.get_by_label("Username").fill(username)
+        page.get_by_label("Password").fill(password)
+        page.get_by_role("button", name="Sign in").click()
+        self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        expect(self.page.locator("html")).to_have_attribute("data-ready", "true")
+
+    def use_transport(self, name: str) -> None:
+        self.page.get_by_label("WebSocket" if name == "ws" else "SSE").check()
+
+    def ask(self, content: str, *, max_tokens: int | None = None, **simulation: Any) -> Locator:
+        """Type a message and press Enter; returns the new answer's bubble."""
+        page = self.page
+        answers = page.locator("article.message.assistant")
+        before = answers.count()
+        settings = page.locator("#settings")
+        if not settings.evaluate("node => node.open"):
+            settings.locator("summary").click()
+        page.get_by_label("Max tokens").fill("" if max_tokens is None else str(max_tokens))
+        page.get_by_label("Simulation (JSON)").fill(json.dumps(simulation) if simulation else "")
+        box = page.get_by_label("Message", exact=True)
+        box.fill(content)
+        box.press("Enter")
+        expect(answers).to_have_count(before + 1)
+        return answers.nth(before)
+
+    @staticmethod
+    def content(bubble: Locator) -> Locator:
+        return bubble.locator(".content")
+
+    def server_message(self, bubble: Locator) -> dict[str, Any]:
+        message_id = bubble.get_attribute("data-message-id")
+        response = httpx.get(
+            f"{self.api_url}/api/messages/{message_id}/",
+            headers={"Authorization": f"Token {self.token}"},
+            timeout=10,
+        )
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def wait_for_server_status(
+        self, bubble: Locator, status: str, timeout: float = 15.0
+    ) -> dict[str, Any]:
+        """Poll the server (another process, no event to await) until the answer has ``status``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            message = self.server_message(bubble)
+            if message["status"] == status:
+                return message
+            assert time.monotonic() < deadline, f"still {message['status']!r}, not {status!r}"
+            time.sleep(0.1)
+
+    def tab_order(self, limit: int = 80) -> list[tuple[str, str]]:
+        """Press Tab from the skip link until focus comes back round or leaves the page;
+        returns each focused control's name with its computed outline style."""
+        page = self.page
+        page.get_by_role("link", name="Skip to the message box").focus()
+        order: list[tuple[str, str]] = []
+        for _ in range(limit):
+            page.keyboard.press("Tab")
+            name, outline = page.evaluate(
+                """() => {
+                  const node = document.activeElement;
+                  if (node === document.body) return ["", "none"];
+                  const label = node.labels && node.labels.length ? node.labels[0] : node;
+                  const name = node.id || node.getAttribute("aria-label") || label.textContent;
+                  return [name.trim().slice(0, 30), getComputedStyle(node).outlineStyle];
+                }"""
+            )
+            if name == "" or any(name == seen for seen, _ in order):
+                break
+            order.append((name, outline))
+        return order
+
+    def screenshot(self, name: str) -> Path:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        path = SCREENSHOTS / f"{name}.png"
+        self.page.screenshot(path=str(path), full_page=False)
+        return path

@@ -1,0 +1,80 @@
+"""Real Chromium (Debian's) against a real Daphne process, logged in through the login page.
+
+Chromium is started per test, after the test's users exist: Playwright's synchronous API
+runs an event loop in this thread, and Django refuses database calls while one is running.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.chatpage import ChatPage
+from tests.e2e.relay import Relay
+
+CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# Streams in these tests last a few seconds; the margins are for a loaded machine.
+expect.set_options(timeout=20_000)
+
+
+@pytest.fixture
+def chromium() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip(f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def relay_factory() -> Iterator[Callable[[int], Relay]]:
+    relays: list[Relay] = []
+
+    def make(port: int) -> Relay:
+        relay = Relay(port)
+        relays.append(relay)
+        return relay
+
+    yield make
+    for relay in relays:
+        relay.close()
+
+
+@pytest.fixture
+def open_chat(daphne, account, chromium) -> Iterator[Callable[..., ChatPage]]:
+    """``open_chat(server=None, base_url=None, viewport=None)``: a logged-in chat page.
+
+    The argument order matters: the user exists before Chromium starts (module docstring).
+    """
+    contexts: list[Any] = []
+
+    def open_(
+        server: Any = None, *, base_url: str | None = None, viewport: dict[str, int] | None = None
+    ) -> ChatPage:
+        server = server or daphne()
+        context = chromium.new_context(viewport=viewport or {"width": 1280, "height": 800})
+        context.set_default_timeout(45_000)
+        contexts.append(context)
+        chat = ChatPage(context, base_url or server.url, server.url, account.token)
+        return chat.login(account.username, account.password)
+
+    yield open_
+    for context in contexts:
+        context.close()

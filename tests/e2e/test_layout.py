@@ -1,0 +1,74 @@
+"""The page around the answers: conversations, the transport switch, readiness, phone width."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+pytestmark = pytest.mark.e2e
+
+
+def test_conversations_new_rename_delete_newest_first(open_chat):
+    chat = open_chat()
+    page = chat.page
+    chat.ask("first question", text="one", tokens_per_second=200)
+    expect(page.locator("article.assistant").last).to_have_attribute("data-status", "complete")
+    page.get_by_role("button", name="New conversation").click()
+    expect(page.locator("#log article")).to_have_count(0)
+    chat.ask("second question", text="two", tokens_per_second=200)
+    expect(page.locator("article.assistant").last).to_have_attribute("data-status", "complete")
+
+    titles = page.locator("#conversation-list .open")
+    expect(titles).to_have_text(["second question", "first question"])
+
+    page.get_by_role("button", name="Rename first question").click()
+    field = page.get_by_label("Conversation title")
+    expect(field).to_be_focused()
+    field.fill("Renamed ✓ مرحبا")
+    field.press("Enter")
+    expect(titles).to_have_text(["Renamed ✓ مرحبا", "second question"])
+
+    page.get_by_role("button", name="Delete second question").click()
+    expect(titles).to_have_text(["Renamed ✓ مرحبا"])
+    assert chat.dialogs == ['Delete "second question" and all its messages?']
+    listed = httpx.get(
+        f"{chat.api_url}/api/conversations/",
+        headers={"Authorization": f"Token {chat.token}"},
+    ).json()["results"]
+    assert [c["title"] for c in listed] == ["Renamed ✓ مرحبا"]
+
+    titles.first.click()
+    expect(chat.content(page.locator("article.assistant"))).to_have_text("one")
+
+
+def test_composer_is_disabled_with_the_reason_while_the_engine_is_down(open_chat, daphne):
+    # Port 9 (discard) is closed here: the engine never answers its health check.
+    chat = open_chat(daphne(ENGINE_URL="http://127.0.0.1:9", ENGINE_MODEL="m"))
+    page = chat.page
+    expect(page.locator("#composer-reason")).to_contain_text("the model engine is unreachable")
+    expect(page.get_by_role("button", name="Send")).to_be_disabled()
+    box = page.get_by_label("Message", exact=True)
+    box.fill("hello")
+    box.press("Enter")
+    expect(page.locator("#log article")).to_have_count(0)
+    expect(page.locator(".simulation-only")).to_be_hidden()
+
+
+def test_phone_width(open_chat):
+    chat = open_chat(viewport={"width": 390, "height": 844})
+    page = chat.page
+    sidebar = page.locator("#sidebar")
+    expect(sidebar).to_be_hidden()
+    answer = chat.ask("hello from a phone", text="Short answer on a small screen.")
+    expect(answer).to_have_attribute("data-status", "complete")
+    page.locator("#settings summary").click()  # fold the settings away
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, f"the page scrolls sideways ({width}px)"
+    chat.screenshot("phone-width")
+    page.get_by_role("button", name="Show conversations").click()
+    expect(sidebar).to_be_visible()
+    expect(page.get_by_role("button", name="New conversation")).to_be_focused()
+    chat.screenshot("phone-width-conversations")
+    page.get_by_role("button", name="Close the conversation list").click()
+    expect(sidebar).to_be_hidden()

@@ -1,0 +1,224 @@
+"""Answers stream into the page, stop, continue in place and survive dropped connections."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+pytestmark = pytest.mark.e2e
+
+COUNTING = "One two three four five six seven eight nine ten."
+
+# Records every state of the newest answer the page shows, as [status, text] pairs.
+RECORD_STATES = """() => {
+  window.answerStates = [];
+  const log = document.getElementById("log");
+  new MutationObserver(() => {
+    const answers = log.querySelectorAll("article.assistant");
+    const last = answers[answers.length - 1];
+    if (!last) return;
+    window.answerStates.push([last.dataset.status, last.querySelector(".content").innerText]);
+  }).observe(log, {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
+
+
+@pytest.mark.parametrize("transport", ["sse", "ws"])
+def test_answer_appears_as_it_streams(open_chat, transport):
+    chat = open_chat()
+    page = chat.page
+    chat.use_transport(transport)
+    page.reload()  # the choice is remembered
+    chat.wait_ready()
+    expect(page.get_by_label("WebSocket" if transport == "ws" else "SSE")).to_be_checked()
+    streams = []
+    page.on("request", lambda r: "/stream/" in r.url and streams.append(r.url))
+    page.on("websocket", lambda ws: streams.append(ws.url))
+    page.evaluate(RECORD_STATES)
+
+    box = page.get_by_label("Message", exact=True)
+    box.press_sequentially("line one")
+    box.press("Shift+Enter")
+    box.press_sequentially("line two")
+    settings = page.locator("#settings")
+    settings.locator("summary").click()
+    text = " ".join(f"word{i}" for i in range(40))
+    page.get_by_label("Simulation (JSON)").fill(
+        f'{{"text": "{text}", "tokens_per_second": 40, "ttft_ms": 50}}'
+    )
+    box.press("Enter")
+
+    expect(page.locator("article.user").last).to_have_text("line one\nline two")
+    answer = page.locator("article.assistant").last
+    content = chat.content(answer)
+    expect(content).to_contain_text("word0 word1")
+    chat.screenshot(f"streaming-{transport}")
+    expect(answer).to_have_attribute("data-status", "complete")
+    expect(answer.locator(".cut-off")).to_be_hidden()
+    expect(page.locator("#ttft")).to_contain_text("First token")
+
+    final = content.inner_text()
+    assert final == text == chat.server_message(answer)["content"]
+    states = page.evaluate("window.answerStates")
+    partial = {t for status, t in states if status == "streaming" and t and t != final}
+    assert len(partial) >= 2, f"intermediate states were not shown: {states}"
+    assert all(final.startswith(t) for t in partial), "a partial state is not a prefix"
+    if transport == "ws":
+        assert streams and all(url.endswith("/ws/chat/") for url in streams), streams
+    else:
+        assert streams and all("/stream/" in url for url in streams), streams
+    assert chat.errors == []
+
+
+@pytest.mark.parametrize("transport", ["sse", "ws"])
+def test_stop_then_continue_extends_the_same_bubble(open_chat, transport):
+    chat = open_chat()
+    page = chat.page
+    chat.use_transport(transport)
+    # The engine goes silent after six tokens: the answer is reliably mid-way at Stop.
+    answer = chat.ask("count", text=COUNTING, stall_after_tokens=6, tokens_per_second=100)
+    content = chat.content(answer)
+    expect(content).to_have_text("One two three four five six")
+    expect(answer).to_have_attribute("data-status", "streaming")
+
+    # A reload mid-answer replays the answer's log and goes on following it.
+    page.reload()
+    chat.wait_ready()
+    answer = page.locator("article.assistant").last
+    content = chat.content(answer)
+    expect(content).to_have_text("One two three four five six")
+    expect(answer).to_have_attribute("data-status", "streaming")
+    expect(answer.locator(".stream-state")).to_be_hidden()
+
+    page.get_by_role("button", name="Stop").click()
+    cut_off = answer.locator(".cut-off")
+    expect(cut_off).to_contain_text("Stopped by you")
+    expect(answer).to_have_attribute("data-status", "cancelled")
+    expect(page.get_by_role("button", name="Stop")).to_be_hidden()
+    stopped = chat.server_message(answer)
+    assert stopped["status"] == "cancelled"
+    assert content.inner_text() == stopped["content"] == "One two three four five six"
+    chat.screenshot(f"cut-off-stopped-{transport}")
+
+    message_id = answer.get_attribute("data-message-id")
+    cut_off.get_by_role("button", name="Continue").click()
+    expect(answer).to_have_attribute("data-status", "complete")
+    expect(cut_off).to_be_hidden()
+    expect(page.locator("article.assistant")).to_have_count(1)
+    assert answer.get_attribute("data-message-id") == message_id
+    final = chat.server_message(answer)
+    assert final["status"] == "complete"
+    assert final["content"] == COUNTING
+    assert content.inner_text() == final["content"]
+
+
+def test_max_tokens_then_continue_with_the_keyboard_alone(open_chat):
+    chat = open_chat()
+    page = chat.page
+    answer = chat.ask("count", max_tokens=6, text=COUNTING, tokens_per_second=200)
+    cut_off = answer.locator(".cut-off")
+    expect(cut_off).to_contain_text("Max tokens reached")
+    expect(answer).to_have_attribute("data-status", "truncated")
+    content = chat.content(answer)
+    assert content.inner_text() == chat.server_message(answer)["content"]
+    assert content.inner_text() == "One two three four five six"
+
+    order = chat.tab_order()
+    names = [name for name, _ in order]
+    for name in ("new-conversation", "Rename count", "SSE", "composer-input", "Continue", "send"):
+        assert name in names, f"{name} is not reachable by keyboard: {names}"
+    assert all(outline != "none" for _, outline in order), f"no visible focus: {order}"
+
+    # Tab to Continue and press Enter.
+    page.get_by_role("link", name="Skip to the message box").focus()
+    for _ in range(names.index("Continue") + 1):
+        page.keyboard.press("Tab")
+    expect(cut_off.get_by_role("button", name="Continue")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(answer).to_have_attribute("data-status", "complete")
+    expect(cut_off).to_be_hidden()
+    assert content.inner_text() == chat.server_message(answer)["content"] == COUNTING
+
+
+def _slow_answer(chat, tokens_per_second=15):
+    """An answer long enough to be cut mid-way: 45 tokens, three seconds by default."""
+    answer = chat.ask("tell me", length=45, tokens_per_second=tokens_per_second, ttft_ms=0)
+    expect(chat.content(answer)).not_to_be_empty()
+    return answer
+
+
+def _assert_resumed_exactly(chat, answer):
+    expect(answer).to_have_attribute("data-status", "complete", timeout=30_000)
+    expect(answer.locator(".stream-state")).to_be_hidden()
+    server = chat.server_message(answer)
+    assert server["status"] == "complete"
+    assert chat.content(answer).inner_text() == server["content"]
+    assert chat.errors == []
+
+
+@pytest.mark.parametrize("transport", ["sse", "ws"])
+def test_dropped_connection_resumes_without_losing_or_repeating_text(
+    open_chat, daphne, relay_factory, transport
+):
+    server = daphne()
+    relay = relay_factory(server.port)
+    chat = open_chat(server, base_url=relay.url)
+    chat.use_transport(transport)
+    answer = _slow_answer(chat)
+
+    relay.cut()
+    assert chat.server_message(answer)["status"] == "streaming", "cut after the end"
+    state = answer.locator(".stream-state")
+    expect(state).to_contain_text("Reconnecting")
+    chat.screenshot(f"reconnecting-{transport}")
+    relay.restore()
+    _assert_resumed_exactly(chat, answer)
+
+
+def test_offline_past_the_grace_period_shows_connection_lost(open_chat, daphne):
+    chat = open_chat(daphne(ABANDON_GRACE_SECONDS="0.5"))
+    answer = _slow_answer(chat, tokens_per_second=10)
+
+    chat.context.set_offline(True)
+    expect(answer.locator(".stream-state")).to_contain_text("Reconnecting")
+    chat.screenshot("reconnecting-offline")
+    # With no reader left the server gives the answer up after the grace period.
+    abandoned = chat.wait_for_server_status(answer, "abandoned")
+    chat.context.set_offline(False)
+    cut_off = answer.locator(".cut-off")
+    expect(cut_off).to_contain_text("Connection lost")
+    expect(answer.locator(".stream-state")).to_be_hidden()
+    assert chat.content(answer).inner_text() == abandoned["content"]
+
+    cut_off.get_by_role("button", name="Continue").click()
+    _assert_resumed_exactly(chat, answer)
+
+
+def test_engine_failures_are_named(open_chat, daphne):
+    chat = open_chat(daphne(STREAM_STALL_TIMEOUT="1"))
+    failed = chat.ask("fail", text=COUNTING, error_after_tokens=3, tokens_per_second=200)
+    expect(failed.locator(".cut-off")).to_contain_text("Server error: simulated engine failure")
+    assert chat.content(failed).inner_text() == chat.server_message(failed)["content"]
+    assert chat.server_message(failed)["status"] == "error"
+
+    stalled = chat.ask("stall", text=COUNTING, stall_after_tokens=2, tokens_per_second=200)
+    expect(stalled.locator(".cut-off")).to_contain_text("No tokens for 1 second")
+    assert chat.server_message(stalled)["status"] == "stalled"
+    expect(stalled.get_by_role("button", name="Continue")).to_be_enabled()
+
+    # The other reasons, from the page's own wording module.
+    words = chat.page.evaluate(
+        """async () => {
+          const { cutOffReason } = await import("/static/chat/termination.js");
+          const config = { stallTimeout: 30 };
+          return ["complete", "stopped", "truncated", "cancelled", "abandoned", "interrupted"]
+            .map((status) => cutOffReason({ status }, config));
+        }"""
+    )
+    assert words == [
+        None,
+        None,
+        "Max tokens reached",
+        "Stopped by you",
+        "Connection lost",
+        "Server restarted",
+    ]
