@@ -144,7 +144,7 @@ async def test_continue_after_interruption(daphne, account, emulator):
         assert (await cb.get("/healthz")).status_code == 200
         conversation = await create_conversation(ca, account.token)
         message = await post_message(
-            ca, account.token, conversation, '[[emu {"tokens": 3000, "tokens_per_second": 40}]]'
+            ca, account.token, conversation, '[[emu {"tokens": 300, "tokens_per_second": 60}]]'
         )
         seen: list[dict] = []
         url = f"/api/messages/{message['id']}/stream/"
