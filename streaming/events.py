@@ -61,8 +61,13 @@ def merge(events: list[Event]) -> list[Event]:
     return merged
 
 
+# One encoder for the process: ``json.dumps`` with options builds a new encoder per call,
+# and every event is encoded at least twice (the log entry, the frame).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def dumps(event: Event) -> str:
-    return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    return _ENCODER.encode(event)
 
 
 def sse_frame(event: Event) -> bytes:

@@ -75,6 +75,9 @@ class Generation:
         self.task: asyncio.Task[None] | None = None
         self._finalizing = False
         self._waiting_for_engine = False
+        self._engine_wait_since = 0.0
+        self._stalled = False
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._abandon_timer: asyncio.TimerHandle | None = None
         self._persisted_seq = plan.first_seq - 1
         self.started_at = time.monotonic()
@@ -120,6 +123,27 @@ class Generation:
     def _abandon_due(self) -> None:
         self._abandon_timer = None
         self.runtime.spawn(self._recheck_abandon(), "abandon-check")
+
+    def _watch_stall(self) -> None:
+        """One timer per stall period instead of a timeout scope per engine chunk: it
+        fires, sees how long the current wait has lasted, and either re-arms for the rest
+        or ends the wait as a stall (a per-chunk timeout cost a timer per token)."""
+        self._stall_timer = None
+        task = self.task
+        if self._finalizing or task is None or task.done():
+            return
+        loop = asyncio.get_running_loop()
+        stall = settings.STREAM_STALL_TIMEOUT
+        now = loop.time()
+        if self._waiting_for_engine and self.cancel_reason is None:
+            due = self._engine_wait_since + stall
+            if now >= due:
+                self._stalled = True
+                task.cancel()
+                return
+        else:
+            due = now + stall
+        self._stall_timer = loop.call_at(due, self._watch_stall)
 
     async def _recheck_abandon(self) -> None:
         count = await self.runtime.presence.count(self.message_id)
@@ -207,6 +231,9 @@ class Generation:
             self._finalizing = True
             if self._abandon_timer is not None:
                 self._abandon_timer.cancel()
+            if self._stall_timer is not None:
+                self._stall_timer.cancel()
+                self._stall_timer = None
             # Closing the engine stream aborts the request upstream (vLLM: HTTP close).
             with contextlib.suppress(Exception):
                 await stream.aclose()
@@ -235,18 +262,25 @@ class Generation:
         termination: Termination,
     ) -> bool:
         """Move engine output to the log until the engine ends; True on a stop match."""
-        stall = settings.STREAM_STALL_TIMEOUT
+        loop = asyncio.get_running_loop()
         completion_tokens = 0
         first_token = True
+        self._stall_timer = loop.call_later(settings.STREAM_STALL_TIMEOUT, self._watch_stall)
         while True:
             if self.cancel_reason is not None:
                 raise Cancelled
             self._waiting_for_engine = True
+            self._engine_wait_since = loop.time()
             try:
-                async with asyncio.timeout(stall):
-                    chunk: EngineChunk = await anext(stream)
+                chunk: EngineChunk = await anext(stream)
             except StopAsyncIteration:
                 return False
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not self._stalled or task is None:
+                    raise
+                task.uncancel()
+                raise TimeoutError from None
             finally:
                 self._waiting_for_engine = False
             if chunk.usage is not None:

@@ -9,6 +9,10 @@ process, not per reader).
 Memory: a topic keeps events only from the slowest attached reader's cursor on (plus a
 short tail for fast resumes); anything older is read back from the log. Readers hold a
 cursor, never a queue, so a reader that falls behind costs nothing here.
+
+CPU: this is per-token code. A publish resolves the futures of the readers waiting right
+now and nothing else; a reader's keep-alive deadline is one timer per idle period that
+re-arms itself lazily, not a timeout scope per wait (which cost a timer per token).
 """
 
 from __future__ import annotations
@@ -37,13 +41,13 @@ class Topic:
         "follower",
         "local",
         "message_id",
-        "wake",
+        "waiters",
     )
 
     def __init__(self, message_id: str) -> None:
         self.message_id = message_id
         self.events: list[Event] = []
-        self.wake = asyncio.Event()
+        self.waiters: list[asyncio.Future[bool]] = []
         self.cursors: dict[int, int] = {}
         self.local = False  # a generation in this process publishes here
         self.ended = False  # the newest event is a `done` and no generation runs here
@@ -62,8 +66,16 @@ class Topic:
         self.events.extend(events)
         self.ended = events[-1]["type"] == DONE and not self.local
         self._trim()
-        self.wake.set()
-        self.wake = asyncio.Event()
+        self.wake()
+
+    def wake(self) -> None:
+        """Resolve the futures of the readers waiting now (with False: not a keep-alive)."""
+        waiters = self.waiters
+        if waiters:
+            self.waiters = []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(False)
 
     def covers(self, cursor: int) -> bool:
         """True when every event after ``cursor`` that exists is (or will be) here."""
@@ -96,6 +108,47 @@ class Topic:
             drop += 1
         if drop:
             del self.events[:drop]
+
+
+class _IdleClock:
+    """A reader's keep-alive deadline: ``idle`` seconds after its last yield.
+
+    The timer is armed once per idle period; when it fires early (the reader was active
+    meanwhile) it re-arms for the rest, and when it is due it resolves the reader's
+    waiter with True (keep-alive due) - or, if the reader is busy writing, leaves it to
+    the next wait.
+    """
+
+    __slots__ = ("idle", "last", "loop", "timer", "waiter")
+
+    def __init__(self, idle: float) -> None:
+        self.idle = idle
+        self.loop = asyncio.get_running_loop()
+        self.last = self.loop.time()
+        self.waiter: asyncio.Future[bool] | None = None
+        self.timer: asyncio.TimerHandle | None = self.loop.call_at(self.last + idle, self._due)
+
+    def active(self) -> None:
+        self.last = self.loop.time()
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.last + self.idle, self._due)
+
+    def _due(self) -> None:
+        due = self.last + self.idle
+        if self.loop.time() < due:
+            self.timer = self.loop.call_at(due, self._due)
+            return
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            self.timer = None  # re-armed by active() when the keep-alive is yielded
+            waiter.set_result(True)
+        else:
+            self.timer = self.loop.call_at(self.loop.time() + self.idle, self._due)
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 class Hub:
@@ -147,6 +200,7 @@ class Hub:
         reader = next(self._ids)
         topic.cursors[reader] = after
         cursor = after
+        idle = _IdleClock(idle_timeout) if idle_timeout is not None else None
         try:
             while True:
                 # Behind what the topic holds: read back from the log first.
@@ -156,6 +210,8 @@ class Hub:
                 if batch:
                     cursor = batch[-1]["seq"]
                     topic.cursors[reader] = cursor
+                    if idle is not None:
+                        idle.active()
                     yield batch
                     if batch[-1]["type"] == DONE:
                         return
@@ -164,16 +220,24 @@ class Hub:
                     return
                 if not topic.local:
                     self._ensure_follower(topic, cursor)
-                wake = topic.wake
-                if idle_timeout is None:
-                    await wake.wait()
+                waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+                topic.waiters.append(waiter)
+                if idle is None:
+                    await waiter
                     continue
+                idle.waiter = waiter
                 try:
-                    async with asyncio.timeout(idle_timeout):
-                        await wake.wait()
-                except TimeoutError:
+                    keep_alive = await waiter
+                finally:
+                    idle.waiter = None
+                if keep_alive:
+                    with contextlib.suppress(ValueError):
+                        topic.waiters.remove(waiter)  # nothing was published: still listed
+                    idle.active()
                     yield None
         finally:
+            if idle is not None:
+                idle.stop()
             topic.cursors.pop(reader, None)
             self._release(topic)
 
@@ -195,8 +259,7 @@ class Hub:
             topic.follower = None
             if not topic.local:
                 topic.ended = True
-                topic.wake.set()
-                topic.wake = asyncio.Event()
+                topic.wake()
 
     def _release(self, topic: Topic) -> None:
         """Drop a topic nobody needs any more (no local generation, no reader)."""

@@ -16,8 +16,11 @@ they never go backwards.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import os
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.multiprocess import mark_process_dead
@@ -184,6 +187,36 @@ ENGINE_ERROR_TYPES = frozenset(
         "InternalServerError",
     }
 )
+
+
+@dataclass(frozen=True, slots=True)
+class TransportMetrics:
+    """The labelled children one transport's streams record into, looked up once:
+    ``labels()`` takes a lock and builds a key on every call, and streams call it per
+    frame."""
+
+    streams_active: Any
+    tokens_delivered: Any
+    frames_written: Any
+    ttft: Any
+    write_gap: Any
+    resumes: Any
+    events_replayed: Any
+    slow_consumer_closes: Any
+
+
+@functools.cache
+def for_transport(transport: str) -> TransportMetrics:
+    return TransportMetrics(
+        streams_active=STREAMS_ACTIVE.labels(transport=transport),
+        tokens_delivered=TOKENS_DELIVERED.labels(transport=transport),
+        frames_written=FRAMES_WRITTEN.labels(transport=transport),
+        ttft=STREAM_TTFT.labels(transport=transport),
+        write_gap=INTER_TOKEN_GAP.labels(transport=transport),
+        resumes=RESUMES.labels(transport=transport),
+        events_replayed=EVENTS_REPLAYED.labels(transport=transport),
+        slow_consumer_closes=SLOW_CONSUMER_CLOSES.labels(transport=transport),
+    )
 
 
 def engine_error(error_type: str) -> None:

@@ -48,23 +48,43 @@ class Presence:
         await self._publish(message_id, -1)
 
     async def _publish(self, message_id: str, change: int) -> None:
-        if self.redis is not None:
-            key = READERS_PREFIX + message_id
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.hincrby(key, self.runtime.worker_id, change)
-            pipe.expire(key, READERS_TTL)
-            await pipe.execute()
+        """Publish this process's count and tell the generation, in one Redis round trip.
+
+        When the generation runs here and this process has no reader of it left, the
+        other processes' counts are read in the same pipeline as our own update, so a
+        disconnect reaches the engine abort after one round trip instead of three.
+        """
         generation = self.runtime.generations.get(message_id)
-        if generation is not None:
-            generation.readers_changed(await self.count(message_id))
-        elif self.redis is not None:
+        if self.redis is None:
+            if generation is not None:
+                generation.readers_changed(self.local.get(message_id, 0))
+            return
+        key = READERS_PREFIX + message_id
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hincrby(key, self.runtime.worker_id, change)
+        pipe.expire(key, READERS_TTL)
+        counted = generation is not None and not self.local.get(message_id)
+        if counted:
+            pipe.hgetall(key)
+        replies = await pipe.execute()
+        if generation is None:
             await self.runtime.control.send(message_id, {"type": "generation.readers"})
+            return
+        local = self.local.get(message_id, 0)
+        if local or not counted:
+            generation.readers_changed(local or await self.count(message_id))
+            return
+        generation.readers_changed(await self._others(replies[2]))
 
     async def count(self, message_id: str) -> int:
         local = self.local.get(message_id, 0)
         if local or self.redis is None:
             return local
-        counts = await self.redis.hgetall(READERS_PREFIX + message_id)
+        return await self._others(await self.redis.hgetall(READERS_PREFIX + message_id))
+
+    async def _others(self, counts: dict[bytes, bytes]) -> int:
+        """Readers in other live processes, from the counts hash (dead workers ignored)."""
+        assert self.redis is not None
         others = {
             worker.decode(): int(value)
             for worker, value in counts.items()

@@ -7,9 +7,11 @@ generation tasks live.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import async_to_sync
+from django.db import connections
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status
@@ -48,6 +50,15 @@ ERRORS = {
     413: OpenApiResponse(ErrorSerializer, description="request body too large"),
 }
 WAIT = OpenApiParameter("wait", bool, description="block until the answer ends")
+
+
+def on_loop(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+    """``async_to_sync`` that first hands this thread's database connection back to the
+    pool: the coroutine's own database calls run in other threads and need connections
+    too, so request threads holding theirs while they wait would exhaust the pool under
+    concurrent requests (every create blocked until the pool's timeout)."""
+    connections.close_all()
+    return async_to_sync(fn)
 
 
 class JSONView(APIView):
@@ -107,9 +118,9 @@ class ConversationDetail(JSONView, generics.RetrieveUpdateDestroyAPIView):
             .values_list("id", flat=True)
         ]
         if running:
-            async_to_sync(stop_generations)(running, wait=DELETE_STOP_WAIT)
+            on_loop(stop_generations)(running, wait=DELETE_STOP_WAIT)
         ids = services.delete_conversation(request.user, conversation_id)
-        async_to_sync(drop_logs)(ids)
+        on_loop(drop_logs)(ids)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -151,7 +162,7 @@ class ConversationMessages(JSONView, generics.ListAPIView):
         wait = _wants_wait(request)
         body = PostMessageSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        exchange = async_to_sync(services.post_message)(
+        exchange = on_loop(services.post_message)(
             request.user,
             conversation_id,
             body.validated_data["content"],
@@ -159,7 +170,7 @@ class ConversationMessages(JSONView, generics.ListAPIView):
         )
         message_id = str(exchange.assistant_message.id)
         if wait:
-            async_to_sync(services.wait_until_ended)(message_id)
+            on_loop(services.wait_until_ended)(message_id)
         context = {"request": request}
         data = {
             "user_message": MessageSerializer(exchange.user_message, context=context).data,
@@ -179,7 +190,7 @@ class MessageCancel(JSONView):
     @extend_schema(request=None, responses={200: MessageSerializer, **ERRORS})
     def post(self, request: Request, message_id: Any) -> Response:
         """Stop the answer wherever it is generated; answers with its final state."""
-        message = async_to_sync(services.cancel_message)(request.user, message_id)
+        message = on_loop(services.cancel_message)(request.user, message_id)
         return Response(_message_data(request, message.id))
 
 
@@ -198,11 +209,11 @@ class MessageContinue(JSONView):
     def post(self, request: Request, message_id: Any) -> Response:
         """Append a segment to a cut-off answer; stream it from ``after``."""
         wait = _wants_wait(request)
-        exchange = async_to_sync(services.continue_message)(request.user, message_id)
+        exchange = on_loop(services.continue_message)(request.user, message_id)
         message_id = str(exchange.assistant_message.id)
         code = status.HTTP_202_ACCEPTED
         if wait:
-            async_to_sync(services.wait_until_ended)(message_id)
+            on_loop(services.wait_until_ended)(message_id)
             code = status.HTTP_200_OK
         data = _message_data(request, message_id)
         data["after"] = exchange.generation.plan.first_seq - 1

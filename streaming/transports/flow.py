@@ -17,13 +17,15 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _protocol_of(send: Any) -> Any | None:
+def innermost_send(send: Any) -> functools.partial[Any] | None:
+    """Daphne's own ``send`` behind the wrappers (Channels' session middleware and the
+    consumer), or None on other servers. Stream frames go to it directly: the wrappers
+    only act on response starts and WebSocket accepts, and cost a chain of coroutine
+    calls per frame."""
     current = send
     for _ in range(8):
         if isinstance(current, functools.partial):
-            if current.args:
-                return current.args[0]
-            return None
+            return current
         owner = getattr(current, "__self__", None)
         if owner is None:
             return None
@@ -32,6 +34,11 @@ def _protocol_of(send: Any) -> Any | None:
             return None
         current = inner
     return None
+
+
+def _protocol_of(send: Any) -> Any | None:
+    innermost = innermost_send(send)
+    return innermost.args[0] if innermost is not None and innermost.args else None
 
 
 def _transport_of(protocol: Any) -> Any | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -28,7 +29,7 @@ from streaming.logcontext import stream_context
 from streaming.runtime import get_runtime
 from streaming.selectors import message_state
 from streaming.services import NotFound
-from streaming.transports.flow import SendBuffer
+from streaming.transports.flow import SendBuffer, innermost_send
 from streaming.transports.subscription import SlowConsumer, Subscription, has_more
 
 log = logging.getLogger(__name__)
@@ -110,17 +111,18 @@ class MessageStreamConsumer(AsyncHttpConsumer):
         await self.send_headers(status=200, headers=STREAM_HEADERS)
         await self.send_body(events.sse_retry(settings.STREAM_RETRY_MS), more_body=True)
         subscription = Subscription(runtime, state, after, "sse", SendBuffer(self.base_send))
-        self.stream_task = asyncio.create_task(self.run(subscription))
+        self.stream_task = asyncio.create_task(
+            self.run(subscription, innermost_send(self.base_send) or self.base_send)
+        )
         return True
 
-    async def run(self, subscription: Subscription) -> None:
+    async def run(self, subscription: Subscription, send: Callable[..., Awaitable[None]]) -> None:
+        """``send`` is the server's own (``innermost_send``): frames skip the wrappers."""
         with stream_context(subscription.state.id):
             try:
                 async for batch in subscription.frames(settings.STREAM_PING_INTERVAL):
-                    if batch is None:
-                        await self.send_body(events.SSE_PING, more_body=True)
-                    else:
-                        await self.send_body(events.sse_frames(batch), more_body=True)
+                    body = events.SSE_PING if batch is None else events.sse_frames(batch)
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
             except SlowConsumer as exc:
                 log.info("closing a slow SSE client: %s", exc)
             except Exception:

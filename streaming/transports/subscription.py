@@ -25,6 +25,8 @@ from streaming.transports.flow import SendBuffer
 
 # How often a paused reader re-checks the send buffer.
 DRAIN_POLL = 0.05
+# How long a reader of a just-finished message waits for its `done` to reach the log.
+FINAL_DONE_WAIT = 2.0
 
 
 class SlowConsumer(Exception):
@@ -85,6 +87,7 @@ class Subscription:
         self.cursor = after
         self.transport = transport
         self.send_buffer = send_buffer
+        self.metrics = metrics.for_transport(transport)
         self.accepted_at = time.monotonic()
         # Only a fresh reader of a running generation measures time to first token: a
         # resume has seen tokens already, and a finished message is history, not a wait.
@@ -97,10 +100,11 @@ class Subscription:
         runtime = self.runtime
         message_id = self.state.id
         resumed = self.cursor > 0
+        recorded = self.metrics
         if resumed:
-            metrics.RESUMES.labels(transport=self.transport).inc()
+            recorded.resumes.inc()
         await runtime.presence.attach(message_id)
-        metrics.STREAMS_ACTIVE.labels(transport=self.transport).inc()
+        recorded.streams_active.inc()
         replaying = resumed
         try:
             source: AsyncIterator[list[events.Event] | None]
@@ -124,11 +128,9 @@ class Subscription:
                     # More may have arrived meanwhile: it goes out in this same frame.
                     batch = batch + self._newer_than(batch[-1]["seq"])
                 if replaying:
-                    metrics.EVENTS_REPLAYED.labels(transport=self.transport).inc(len(batch))
+                    recorded.events_replayed.inc(len(batch))
                     replaying = False
-                metrics.TOKENS_DELIVERED.labels(transport=self.transport).inc(
-                    sum(1 for e in batch if e["type"] == events.DELTA)
-                )
+                recorded.tokens_delivered.inc(sum(1 for e in batch if e["type"] == events.DELTA))
                 merged = events.merge(batch)
                 self.cursor = merged[-1]["seq"]
                 self._observe(merged)
@@ -138,7 +140,7 @@ class Subscription:
                     self.ended_status = merged[-1].get("status")
                     return
         finally:
-            metrics.STREAMS_ACTIVE.labels(transport=self.transport).dec()
+            recorded.streams_active.dec()
             metrics.STREAM_ENDS.labels(
                 transport=self.transport, status=self.ended_status or "disconnected"
             ).inc()
@@ -149,11 +151,29 @@ class Subscription:
         return topic.after(after) if topic is not None else []
 
     async def _finished(self) -> AsyncIterator[list[events.Event] | None]:
-        logged = await self.runtime.log.read(self.state.id, self.cursor)
-        if logged:
-            yield logged
-        elif has_more(self.state, self.cursor):
-            yield snapshot(self.state, self.cursor)
+        log = self.runtime.log
+        logged = await log.read(self.state.id, self.cursor)
+        if not logged:
+            if has_more(self.state, self.cursor):
+                yield snapshot(self.state, self.cursor)
+            return
+        yield logged
+        # The record is committed before its `done` is appended, so a reader can find the
+        # record final and the log one event short: wait briefly for the `done`, then take
+        # the record's word for how the message ended.
+        cursor = logged[-1]["seq"]
+        deadline = time.monotonic() + FINAL_DONE_WAIT
+        while logged[-1]["type"] != events.DONE:
+            if time.monotonic() > deadline:
+                yield [
+                    events.done(self.state.last_seq, segment=-1, termination=self.state.termination)
+                ]
+                return
+            await asyncio.sleep(DRAIN_POLL)
+            logged = await log.read(self.state.id, cursor) or logged
+            if logged[-1]["seq"] > cursor:
+                cursor = logged[-1]["seq"]
+                yield logged
 
     async def _wait_for_client(self) -> None:
         probe = self.send_buffer
@@ -167,22 +187,21 @@ class Subscription:
             settings.STREAM_SEND_BUFFER_LIMIT // 2
         ):
             if time.monotonic() > deadline:
-                metrics.SLOW_CONSUMER_CLOSES.labels(transport=self.transport).inc()
+                self.metrics.slow_consumer_closes.inc()
                 self.ended_status = "slow_consumer"
                 raise SlowConsumer(f"{pending} bytes unread for too long")
             await asyncio.sleep(DRAIN_POLL)
 
     def _observe(self, merged: list[events.Event]) -> None:
         now = time.monotonic()
+        recorded = self.metrics
         for event in merged:
             if event["type"] != events.DELTA:
                 continue
             if not self.first_delta_written:
                 self.first_delta_written = True
-                metrics.STREAM_TTFT.labels(transport=self.transport).observe(now - self.accepted_at)
+                recorded.ttft.observe(now - self.accepted_at)
             elif self.last_delta_at is not None:
-                metrics.INTER_TOKEN_GAP.labels(transport=self.transport).observe(
-                    now - self.last_delta_at
-                )
+                recorded.write_gap.observe(now - self.last_delta_at)
             self.last_delta_at = now
-        metrics.FRAMES_WRITTEN.labels(transport=self.transport).inc()
+        recorded.frames_written.inc()

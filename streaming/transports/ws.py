@@ -29,7 +29,7 @@ from streaming.logcontext import stream_context
 from streaming.runtime import get_runtime
 from streaming.selectors import message_state
 from streaming.services import ServiceError, cancel_message, continue_message, post_message
-from streaming.transports.flow import SendBuffer
+from streaming.transports.flow import SendBuffer, innermost_send
 from streaming.transports.subscription import SlowConsumer, Subscription, has_more
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.subscriptions: dict[str, asyncio.Task[None]] = {}
         self.last_sent = time.monotonic()
         self.send_buffer = SendBuffer(self.base_send)
+        # Stream frames go straight to the server's send (see ``innermost_send``).
+        self.frame_send = innermost_send(self.base_send) or self.base_send
         self.runtime = get_runtime()
         await self.runtime.ensure_started()
         await self.accept()
@@ -221,8 +223,11 @@ class ChatConsumer(AsyncWebsocketConsumer):
                 async for batch in subscription.frames(None):
                     if batch is None:
                         continue
+                    send = self.frame_send
                     for event in batch:
-                        await self.send(text_data=events.ws_frame(event, message_id))
+                        await send(
+                            {"type": "websocket.send", "text": events.ws_frame(event, message_id)}
+                        )
                     self.last_sent = time.monotonic()
             except SlowConsumer as exc:
                 log.info("closing a slow WebSocket client: %s", exc)
