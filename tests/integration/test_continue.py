@@ -77,15 +77,10 @@ async def test_continue_after_cancel_over_websocket(daphne, account):
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         conversation = await create_conversation(client, account.token)
         ws = await ChatSocket.connect(server.ws_url, account.token)
-        await ws.send(
-            {
-                "type": "message.create",
-                "conversation": conversation,
-                "content": "long",
-                "params": {"simulation": {"length": 400, "tokens_per_second": 60}},
-            }
+        created = await ws.create(
+            conversation, "long", {"simulation": {"length": 400, "tokens_per_second": 60}}
         )
-        message_id = (await ws.recv_until("message.created"))[-1]["message_id"]
+        message_id = created[-1]["message_id"]
         first = await ws.recv_until("delta", message_id)
         await ws.send({"type": "cancel", "message_id": message_id})
         first += await ws.recv_until("done", message_id)

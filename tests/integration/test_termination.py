@@ -129,15 +129,10 @@ async def test_cancelled_over_websocket(daphne, account):
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         conversation = await create_conversation(client, account.token)
     ws = await ChatSocket.connect(server.ws_url, account.token)
-    await ws.send(
-        {
-            "type": "message.create",
-            "conversation": conversation,
-            "content": "long",
-            "params": {"simulation": {"length": 2000, "tokens_per_second": 50}},
-        }
+    created = await ws.create(
+        conversation, "long", {"simulation": {"length": 2000, "tokens_per_second": 50}}
     )
-    message_id = (await ws.recv_until("message.created"))[-1]["message_id"]
+    message_id = created[-1]["message_id"]
     await ws.recv_until("delta", message_id)
     await ws.send({"type": "cancel", "message_id": message_id})
     frames = await ws.recv_until("done", message_id)

@@ -45,16 +45,9 @@ async def test_create_over_ws_streams_incrementally(daphne, account):
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         conversation = await create_conversation(client, account.token)
     ws = await ChatSocket.connect(server.ws_url, account.token)
-    await ws.send(
-        {
-            "type": "message.create",
-            "conversation": conversation,
-            "content": "hello",
-            "params": {"simulation": {"length": 20, "tokens_per_second": 40}},
-            "ref": 7,
-        }
+    created = await ws.create(
+        conversation, "hello", {"simulation": {"length": 20, "tokens_per_second": 40}}, ref=7
     )
-    created = await ws.recv_until("message.created")
     message_id = created[-1]["message_id"]
     assert created[-1]["ref"] == 7
     events = await ws.events_until_done(message_id)

@@ -28,6 +28,21 @@ class ChatSocket:
     async def recv(self) -> dict[str, Any]:
         return json.loads(await self.conn.recv())
 
+    async def create(
+        self, conversation: str, content: str, params: dict[str, Any], **extra: Any
+    ) -> list[dict[str, Any]]:
+        """Send ``message.create``; the frames up to ``message.created`` (its id is last)."""
+        await self.send(
+            {
+                "type": "message.create",
+                "conversation": conversation,
+                "content": content,
+                "params": params,
+                **extra,
+            }
+        )
+        return await self.recv_until("message.created")
+
     async def recv_until(self, kind: str, message_id: str | None = None) -> list[dict[str, Any]]:
         """Frames up to and including the first of ``kind`` (for ``message_id``)."""
         frames = []
