@@ -1,9 +1,12 @@
-"""What the harness needs from the product's database: a user with a token, empty
+"""What the harness needs from the product's database: users with tokens, empty
 conversations to post into, and the persisted content to check streams against.
 
 The harness configures Django exactly like the servers it starts (same environment), so
-it reads and writes the same database. Conversations are created in bulk beforehand so
-the measured load is the streaming path (post a message, stream the answer), not setup.
+it reads and writes the same database. Every simulated user is its own account with one
+conversation (concurrent streams are concurrent users, as in production: one user posting
+a thousand messages at once would only measure the per-user limit's lock). Accounts are
+created in bulk beforehand so the measured load is the streaming path (post a message,
+stream the answer), not setup.
 """
 
 from __future__ import annotations
@@ -50,25 +53,24 @@ def setup(env: dict[str, str]) -> None:
     django.setup()
 
 
-def bench_user() -> str:
-    """A fresh user for this run; returns its API token."""
+def accounts(count: int) -> list[tuple[str, str]]:
+    """``count`` fresh users, each with an API token and one empty conversation: a list
+    of (token, conversation id)."""
     from django.contrib.auth.models import User
-    from rest_framework.authtoken.models import Token
-
-    user = User.objects.create_user(f"bench-{uuid.uuid4().hex[:12]}")
-    return Token.objects.create(user=user).key
-
-
-def conversations(token: str, count: int) -> list[str]:
     from rest_framework.authtoken.models import Token
 
     from streaming.models import Conversation
 
-    owner = Token.objects.get(key=token).user
-    rows = [Conversation(owner=owner, title="bench") for _ in range(count)]
+    run = uuid.uuid4().hex[:8]
+    users = [User(username=f"bench-{run}-{i}", password="!") for i in range(count)]
+    User.objects.bulk_create(users, batch_size=1000)
+    users = list(User.objects.filter(username__startswith=f"bench-{run}-").order_by("id"))
+    tokens = [Token(key=Token.generate_key(), user=u) for u in users]
+    Token.objects.bulk_create(tokens, batch_size=1000)
+    rows = [Conversation(owner=u, title="bench") for u in users]
     Conversation.objects.bulk_create(rows, batch_size=1000)
     release()
-    return [str(c.id) for c in rows]
+    return [(t.key, str(c.id)) for t, c in zip(tokens, rows, strict=True)]
 
 
 def persisted(message_ids: list[str]) -> dict[str, tuple[str, str]]:

@@ -73,8 +73,8 @@ class Side:
     name: str  # "ours" or "baseline"
     cluster: servers.Cluster
     ports: list[int]
-    token: str = ""
-    conversations: list[str] = field(default_factory=list)
+    # (API token, conversation id) of each simulated user; empty for the baseline.
+    accounts: list[tuple[str, str]] = field(default_factory=list)
 
     def port(self, i: int) -> int:
         return self.ports[i % len(self.ports)]
@@ -85,7 +85,6 @@ def our_env(options: Options, **extra: str) -> dict[str, str]:
     env.update(
         DJANGO_SETTINGS_MODULE="chatsite.settings",
         STREAM_EMIT_STAMPS="1",
-        MAX_CONCURRENT_GENERATIONS_PER_USER="1000000",
         PYTHONUNBUFFERED="1",
     )
     env.update(extra)
@@ -101,9 +100,8 @@ def start_ours(options: Options, tag: str, streams: int, **extra: str) -> Side:
         p.wait_ready("/healthz")
         if options.profile:
             servers.profile(p, Path(options.profile))
-    token = database.bench_user()
-    side = Side("ours", servers.Cluster(procs), [p.port for p in procs], token)
-    side.conversations = database.conversations(token, streams)
+    side = Side("ours", servers.Cluster(procs), [p.port for p in procs])
+    side.accounts = database.accounts(streams)
     return side
 
 
@@ -142,8 +140,8 @@ def plans_for(
                 transport=transport,
                 host="127.0.0.1",
                 port=side.port(i),
-                token=side.token,
-                conversation=side.conversations[i] if side.conversations else "",
+                token=side.accounts[i][0] if side.accounts else "",
+                conversation=side.accounts[i][1] if side.accounts else "",
                 start_at=at,
                 simulation=simulation,
                 content=content,
@@ -360,9 +358,9 @@ def memory(options: Options) -> dict[str, Any]:
             rcvbuf=4096,
             budget=90,
         )
-        if side.conversations:
+        if side.accounts:
             for i, plan in enumerate(slow_plans):
-                plan.conversation = side.conversations[n + i]
+                plan.token, plan.conversation = side.accounts[n + i]
         sampled.clear()
         results = run_in_processes(
             slow_plans, options.load_processes, [(slow_plans[0].hold_until - 1.0, sample)]

@@ -132,6 +132,7 @@ def profile(server: Server, directory: Path) -> subprocess.Popen[bytes]:
             str(Path(sys.executable).with_name("py-spy")),
             "record",
             "--nonblocking",
+            "--gil",
             "--rate",
             "200",
             "--format",

@@ -44,12 +44,18 @@ async def user_for_token(key: str) -> Any:
     return await database.run(_user_for_token, key)
 
 
-async def authenticate(scope: dict[str, Any]) -> Any:
+def resolve_user(scope: dict[str, Any]) -> Any:
+    """The caller's user (synchronous: a database thread resolves it, together with what
+    the caller asked for, in one trip)."""
     key = token_from_header(header(scope, b"authorization"))
     if key is not None:
-        return await user_for_token(key) if key else AnonymousUser()
+        return _user_for_token(key) if key else AnonymousUser()
     user = scope.get("user")
-    if user is None:
+    # Channels' lazy session user resolves here, off the event loop thread.
+    if user is None or not user.is_authenticated:
         return AnonymousUser()
-    # Channels' lazy user: resolve it off the event loop thread.
-    return await database.run(lambda: user if user.is_authenticated else AnonymousUser())
+    return user
+
+
+async def authenticate(scope: dict[str, Any]) -> Any:
+    return await database.run(resolve_user, scope)

@@ -2,8 +2,10 @@
 
 Only control traffic goes through the channel layer (it may drop messages when full and
 costs a DB-thread hop per consumer dispatch, so tokens never do). Each process owns one
-channel; a generation joins the group ``gen.<message hex>`` while it runs, so a Stop sent
-from any process reaches the one that runs the engine.
+channel in the group of all processes; a control message names its message and goes to
+every process, and the one that runs that generation acts on it. Control messages are
+rare (a Stop, the last reader of a process leaving), so this costs less than joining and
+leaving a group per generation, which was two Redis calls on every answer's path.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from channels.layers import get_channel_layer
@@ -22,8 +23,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def group_name(message_id: str) -> str:
-    return f"gen.{uuid.UUID(message_id).hex}"
+GROUP = "streaming.workers"
 
 
 class Control:
@@ -38,19 +38,20 @@ class Control:
             return
         self.channel = await self.layer.new_channel("worker.")
         self._task = self.runtime.spawn(self._listen(), "control-listener")
+        try:
+            await self.renew()
+        except Exception:
+            log.warning("joining the control group failed (Redis unreachable?); will retry")
 
-    async def join(self, message_id: str) -> None:
+    async def renew(self) -> None:
+        """(Re)join the group of all processes: membership expires after the layer's
+        ``group_expiry``, so the heartbeat renews it."""
         if self.layer is not None and self.channel is not None:
-            await self.layer.group_add(group_name(message_id), self.channel)
-
-    async def leave(self, message_id: str) -> None:
-        if self.layer is not None and self.channel is not None:
-            with contextlib.suppress(Exception):
-                await self.layer.group_discard(group_name(message_id), self.channel)
+            await self.layer.group_add(GROUP, self.channel)
 
     async def send(self, message_id: str, message: dict[str, Any]) -> None:
         if self.layer is not None:
-            await self.layer.group_send(group_name(message_id), {**message, "mid": message_id})
+            await self.layer.group_send(GROUP, {**message, "mid": message_id})
 
     async def _listen(self) -> None:
         assert self.layer is not None and self.channel is not None
@@ -79,6 +80,9 @@ class Control:
             generation.readers_changed(await self.runtime.presence.count(generation.message_id))
 
     async def stop(self) -> None:
+        if self.layer is not None and self.channel is not None:
+            with contextlib.suppress(Exception):
+                await self.layer.group_discard(GROUP, self.channel)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -9,6 +9,7 @@ running event loop; a new loop (tests) gets a new runtime.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import logging
@@ -95,20 +96,29 @@ class Runtime:
         task.add_done_callback(self._tasks.discard)
 
     # --- generations -----------------------------------------------------------------
-    async def launch(self, plan: SegmentPlan) -> Generation:
-        await self.ensure_started()
-        generation = launch(plan, self)
-        return generation
+    def launch_threadsafe(self, plan: SegmentPlan) -> Generation:
+        """Start a generation on this runtime's loop from any thread, the loop's included
+        (a database thread or a request thread after it wrote the segment's rows)."""
+        if _on_loop(self.loop):
+            return launch(plan, self)
+        started: concurrent.futures.Future[Generation] = concurrent.futures.Future()
+
+        def start() -> None:
+            try:
+                started.set_result(launch(plan, self))
+            except BaseException as exc:
+                started.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(start)
+        return started.result()
 
     def generation_started(self, generation: Generation) -> None:
         self.generations[generation.message_id] = generation
-        self.spawn(self.control.join(generation.message_id), "control-join")
 
     def generation_ended(self, generation: Generation) -> None:
         if self.generations.get(generation.message_id) is generation:
             del self.generations[generation.message_id]
         self.hub.close_local(generation.message_id)
-        self.spawn(self.control.leave(generation.message_id), "control-leave")
 
     def cancel_local(self, generation: Generation, reason: str) -> bool:
         cancelled = generation.cancel(reason)
@@ -134,10 +144,11 @@ class Runtime:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(settings.STREAM_HEARTBEAT_INTERVAL)
-            if self.redis is None:
-                continue
             try:
-                await self._beat()
+                if self.redis is not None:
+                    await self._beat()
+                # Membership of the control group expires, and a Redis restart loses it.
+                await self.control.renew()
             except Exception:
                 log.warning("heartbeat failed (Redis unreachable?)")
 
@@ -186,6 +197,7 @@ class Runtime:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(READER_FLUSH_SECONDS):
                 await self.presence.idle.wait()
+        await self.control.stop()
         await asyncio.sleep(0.1)  # one more turn for the transports to flush their buffers
         _stop_reactor()
 
@@ -215,7 +227,22 @@ def _stop_reactor() -> None:
         reactor.callFromThread(reactor.stop)
 
 
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
 _runtime: Runtime | None = None
+
+
+def current_runtime() -> Runtime:
+    """The runtime of this process's server loop, from any thread (a REST request's):
+    the ASGI entry point starts it before the first request is handled."""
+    if _runtime is None:
+        raise RuntimeError("the streaming runtime has not started (no request served yet)")
+    return _runtime
 
 
 def get_runtime() -> Runtime:

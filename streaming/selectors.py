@@ -7,6 +7,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from streaming import database
+from streaming.auth import resolve_user
 from streaming.models import Conversation, Message
 from streaming.services import NotFound, message_for
 from streaming.transports.subscription import MessageState
@@ -27,14 +28,25 @@ def _state(user: Any, message_id: Any) -> MessageState:
     message = message_for(user, message_id)
     if message.role != Message.Role.ASSISTANT:
         raise NotFound("this message has no stream")
-    return MessageState(
-        id=str(message.id),
-        status=message.status,
-        last_seq=message.last_seq,
-        content=message.content,
-        termination=message.termination,
-    )
+    return MessageState.of(message)
 
 
 async def message_state(user: Any, message_id: Any) -> MessageState:
     return await database.run(_state, user, message_id)
+
+
+def _reader(scope: dict[str, Any], message_id: Any) -> tuple[Any, MessageState | None]:
+    user = resolve_user(scope)
+    if not user.is_authenticated:
+        return user, None
+    try:
+        return user, _state(user, message_id)
+    except NotFound:
+        return user, None
+
+
+async def reader_state(scope: dict[str, Any], message_id: Any) -> tuple[Any, MessageState | None]:
+    """Who is asking to read a stream, and the stream's state when it is theirs (``None``
+    when it is not, or they are not authenticated): one database trip for both, since
+    opening a stream is on the path of every answer's first token."""
+    return await database.run(_reader, scope, message_id)

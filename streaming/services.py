@@ -170,7 +170,10 @@ def _create_exchange(
             params=params,
             model=conversation.model or model,
         )
-        Segment.objects.create(message=assistant, index=0, first_seq=1, worker=WORKER_ID)
+        segment = Segment.objects.create(message=assistant, index=0, first_seq=1, worker=WORKER_ID)
+        # The answer describes both messages as created: no second read for them.
+        user_message._prefetched_objects_cache = {"segments": []}
+        assistant._prefetched_objects_cache = {"segments": [segment]}
         if not conversation.title:
             conversation.title = content.strip().splitlines()[0][:80] if content.strip() else ""
         conversation.save(update_fields=["title", "updated_at"])
@@ -210,6 +213,39 @@ def clean_params(raw: Any, runtime: Runtime) -> dict[str, Any]:
         raise InvalidParams(exc.message, field=exc.field) from None
 
 
+def create_exchange(
+    runtime: Runtime,
+    user: Any,
+    conversation_id: Any,
+    content: Any,
+    raw_params: Any = None,
+    *,
+    prior: list[ChatTurn] | None = None,
+    abandon_grace: float | None = None,
+) -> Exchange:
+    """Create the user message and the streaming assistant message, and start the answer.
+
+    Synchronous, for the thread that already holds a database connection (a REST
+    request's): the rows are written here and only the start hops onto ``runtime``'s
+    event loop, which does no database work for it, so a request thread never waits on
+    a database thread (nor holds a connection another call needs).
+    """
+    if not runtime.accepting:
+        raise ShuttingDown("this server is shutting down; retry")
+    content = _validate_content(content)
+    params = clean_params(raw_params, runtime)
+    user_message, assistant, plan = _create_exchange(
+        user,
+        conversation_id,
+        content,
+        params,
+        runtime.engine.model,
+        prior or [],
+        abandon_grace,
+    )
+    return Exchange(user_message, assistant, runtime.launch_threadsafe(plan))
+
+
 async def post_message(
     user: Any,
     conversation_id: Any,
@@ -219,24 +255,19 @@ async def post_message(
     prior: list[ChatTurn] | None = None,
     abandon_grace: float | None = None,
 ) -> Exchange:
-    """Create the user message and the streaming assistant message, start the generation."""
+    """``create_exchange`` for async callers: one trip to a database thread."""
     runtime = get_runtime()
-    if not runtime.accepting:
-        raise ShuttingDown("this server is shutting down; retry")
-    content = _validate_content(content)
-    params = clean_params(raw_params, runtime)
-    user_message, assistant, plan = await database.run(
-        _create_exchange,
+    await runtime.ensure_started()
+    return await database.run(
+        create_exchange,
+        runtime,
         user,
         conversation_id,
         content,
-        params,
-        runtime.engine.model,
-        prior or [],
-        abandon_grace,
+        raw_params,
+        prior=prior,
+        abandon_grace=abandon_grace,
     )
-    generation = await runtime.launch(plan)
-    return Exchange(user_message, assistant, generation)
 
 
 def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPlan]:
@@ -286,14 +317,20 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
     return message, plan
 
 
-async def continue_message(user: Any, message_id: Any) -> Exchange:
-    """Append a new segment to a cut-off assistant message and stream it on the same id."""
-    runtime = get_runtime()
+def create_continuation(runtime: Runtime, user: Any, message_id: Any) -> Exchange:
+    """Append a new segment to a cut-off assistant message and start streaming it on the
+    same id (synchronous, like ``create_exchange``)."""
     if not runtime.accepting:
         raise ShuttingDown("this server is shutting down; retry")
-    message, plan = await database.run(_create_continuation, user, message_id)
-    generation = await runtime.launch(plan)
-    return Exchange(None, message, generation)
+    message, plan = _create_continuation(user, message_id)
+    return Exchange(None, message, runtime.launch_threadsafe(plan))
+
+
+async def continue_message(user: Any, message_id: Any) -> Exchange:
+    """``create_continuation`` for async callers."""
+    runtime = get_runtime()
+    await runtime.ensure_started()
+    return await database.run(create_continuation, runtime, user, message_id)
 
 
 async def continue_interrupted(runtime: Runtime, message_id: str) -> None:

@@ -1,8 +1,9 @@
 """REST endpoints: thin adapters from HTTP to ``streaming.services``/``selectors``.
 
-DRF views are synchronous (Daphne runs them in a worker thread); calls that start or
-stop generations hop onto the process's event loop with ``async_to_sync``, where the
-generation tasks live.
+DRF views are synchronous (Daphne runs them in a worker thread). Creating a message or a
+continuation writes its rows in the request's thread and only then starts the generation
+on the process's event loop, where the generation tasks live; waiting and stopping hop
+onto the loop with ``async_to_sync``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from streaming.api.serializers import (
 )
 from streaming.api.stopping import drop_logs, stop_generations
 from streaming.models import Conversation, Message
+from streaming.runtime import current_runtime
 from streaming.termination import Status
 
 # How long deleting a conversation waits for its running answers to end before the rows go.
@@ -162,19 +164,21 @@ class ConversationMessages(JSONView, generics.ListAPIView):
         wait = _wants_wait(request)
         body = PostMessageSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        exchange = on_loop(services.post_message)(
+        exchange = services.create_exchange(
+            current_runtime(),
             request.user,
             conversation_id,
             body.validated_data["content"],
             body.validated_data.get("params"),
         )
-        message_id = str(exchange.assistant_message.id)
-        if wait:
-            on_loop(services.wait_until_ended)(message_id)
         context = {"request": request}
+        answer = exchange.assistant_message
+        if wait:
+            on_loop(services.wait_until_ended)(str(answer.id))
+            answer = services.message_for(request.user, answer.id)
         data = {
             "user_message": MessageSerializer(exchange.user_message, context=context).data,
-            "message": _message_data(request, message_id),
+            "message": MessageSerializer(answer, context=context).data,
         }
         return Response(data, status=status.HTTP_201_CREATED)
 
@@ -209,7 +213,7 @@ class MessageContinue(JSONView):
     def post(self, request: Request, message_id: Any) -> Response:
         """Append a segment to a cut-off answer; stream it from ``after``."""
         wait = _wants_wait(request)
-        exchange = on_loop(services.continue_message)(request.user, message_id)
+        exchange = services.create_continuation(current_runtime(), request.user, message_id)
         message_id = str(exchange.assistant_message.id)
         code = status.HTTP_202_ACCEPTED
         if wait:

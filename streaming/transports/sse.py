@@ -23,12 +23,11 @@ from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 
 from streaming import events
-from streaming.auth import authenticate, header
+from streaming.auth import header
 from streaming.errors import error_bytes
 from streaming.logcontext import stream_context
 from streaming.runtime import get_runtime
-from streaming.selectors import message_state
-from streaming.services import NotFound
+from streaming.selectors import reader_state
 from streaming.transports.flow import SendBuffer, innermost_send
 from streaming.transports.subscription import SlowConsumer, Subscription, has_more
 
@@ -86,7 +85,7 @@ class MessageStreamConsumer(AsyncHttpConsumer):
         if scope["method"] != "GET":
             await self.error(405, "method_not_allowed", "use GET", [(b"allow", b"GET")])
             return False
-        user = await authenticate(scope)
+        user, state = await reader_state(scope, scope["url_route"]["kwargs"]["message_id"])
         if not user.is_authenticated:
             await self.error(
                 401, "not_authenticated", "authentication credentials were not provided"
@@ -97,10 +96,7 @@ class MessageStreamConsumer(AsyncHttpConsumer):
         except CursorError as exc:
             await self.error(400, "invalid_cursor", str(exc))
             return False
-        message_id = scope["url_route"]["kwargs"]["message_id"]
-        try:
-            state = await message_state(user, message_id)
-        except NotFound:
+        if state is None:
             await self.error(404, "not_found", "message not found")
             return False
         if not has_more(state, after):

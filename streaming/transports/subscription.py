@@ -43,6 +43,17 @@ class MessageState:
     content: str
     termination: dict[str, Any]
 
+    @classmethod
+    def of(cls, message: Any) -> MessageState:
+        """From a ``Message`` row (as read, or as just created)."""
+        return cls(
+            id=str(message.id),
+            status=message.status,
+            last_seq=message.last_seq,
+            content=message.content,
+            termination=message.termination,
+        )
+
     @property
     def final(self) -> bool:
         return self.status in FINAL_STATUSES

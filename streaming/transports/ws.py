@@ -30,7 +30,12 @@ from streaming.runtime import get_runtime
 from streaming.selectors import message_state
 from streaming.services import ServiceError, cancel_message, continue_message, post_message
 from streaming.transports.flow import SendBuffer, innermost_send
-from streaming.transports.subscription import SlowConsumer, Subscription, has_more
+from streaming.transports.subscription import (
+    MessageState,
+    SlowConsumer,
+    Subscription,
+    has_more,
+)
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +169,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             reply["ref"] = frame["ref"]
         await self._send_json(reply)
         if frame.get("subscribe", True):
-            await self._subscribe(message_id, 0)
+            await self._subscribe(message_id, 0, MessageState.of(exchange.assistant_message))
 
     async def on_subscribe(self, frame: dict[str, Any]) -> None:
         after = frame.get("after", 0)
@@ -186,7 +191,11 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def on_continue(self, frame: dict[str, Any]) -> None:
         exchange = await continue_message(self.user, self._message_id(frame))
         generation = exchange.generation
-        await self._subscribe(generation.message_id, generation.plan.first_seq - 1)
+        await self._subscribe(
+            generation.message_id,
+            generation.plan.first_seq - 1,
+            MessageState.of(exchange.assistant_message),
+        )
 
     HANDLERS = {
         "auth": on_auth,
@@ -199,8 +208,12 @@ class ChatConsumer(AsyncWebsocketConsumer):
     }
 
     # --- streaming ---------------------------------------------------------------------
-    async def _subscribe(self, message_id: str, after: int) -> None:
-        state = await message_state(self.user, message_id)
+    async def _subscribe(
+        self, message_id: str, after: int, state: MessageState | None = None
+    ) -> None:
+        """``state``: the message as just created, when this socket created it."""
+        if state is None:
+            state = await message_state(self.user, message_id)
         message_id = state.id
         old = self.subscriptions.pop(message_id, None)
         if old is not None:
