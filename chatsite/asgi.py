@@ -1,10 +1,13 @@
-"""ASGI entry point: HTTP to Django plus the SSE consumer, WebSocket behind auth rules.
+"""ASGI entry point: HTTP to Django (bounded in concurrency) plus the streaming consumers,
+WebSocket behind auth rules.
 
 The SSE consumer sits behind Channels' session/auth middleware (it checks tokens itself);
 WebSocket additionally behind ``WebSocketAuthMiddleware`` (Origin and token rules).
 """
 
+import asyncio
 import os
+import weakref
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 
@@ -17,6 +20,7 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from chatsite.routing import http_urlpatterns, websocket_urlpatterns  # noqa: E402
@@ -39,10 +43,34 @@ class StartRuntime:
         return await self.inner(scope, receive, send)
 
 
+class Bounded:
+    """At most ``settings.REQUEST_CONCURRENCY`` requests inside ``inner`` at once; the rest
+    wait as coroutines, in arrival order."""
+
+    def __init__(self, inner, limit):
+        self.inner = inner
+        self.limit = limit
+        # event loop -> its semaphore (tests run several loops)
+        self.gates = weakref.WeakKeyDictionary()
+
+    async def __call__(self, scope, receive, send):
+        loop = asyncio.get_running_loop()
+        gate = self.gates.get(loop)
+        if gate is None:
+            gate = self.gates[loop] = asyncio.Semaphore(self.limit)
+        async with gate:
+            return await self.inner(scope, receive, send)
+
+
 application = StartRuntime(
     ProtocolTypeRouter(
         {
-            "http": URLRouter([*http_urlpatterns, re_path(r"", django_asgi_app)]),
+            "http": URLRouter(
+                [
+                    *http_urlpatterns,
+                    re_path(r"", Bounded(django_asgi_app, settings.REQUEST_CONCURRENCY)),
+                ]
+            ),
             "websocket": WebSocketAuthMiddleware(
                 AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
             ),

@@ -140,6 +140,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Threads that run database calls for async code (streaming.database); keep it below the
 # pool size so request threads always find a connection.
 DATABASE_THREADS = env_int("DATABASE_THREADS", 4)
+# Django requests (REST, admin, pages) served at once per process. Django runs each one in
+# a thread of its own; past this bound a request waits its turn on the event loop, holding
+# no thread and no connection, so a burst of thousands of POSTs queues instead of piling
+# thousands of threads onto the pool. Streams are not Django requests and never wait here.
+REQUEST_CONCURRENCY = env_int("REQUEST_CONCURRENCY", 32)
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
