@@ -24,7 +24,8 @@ LONG = {"simulation": {"length": 100000, "tokens_per_second": 20.0, "ttft_ms": 0
 
 
 async def streaming_answer(conversation: str) -> str:
-    """The id of the conversation's streaming answer, once its rows exist."""
+    """The id of the conversation's streaming answer, once its rows exist (written by the
+    server process: there is no event to await from here, and the REST API is held)."""
 
     def find() -> str | None:
         found = Message.objects.filter(
@@ -32,9 +33,11 @@ async def streaming_answer(conversation: str) -> str:
         ).values_list("id", flat=True)
         return next((str(i) for i in found), None)
 
-    while (message_id := await sync_to_async(find)()) is None:
-        await asyncio.sleep(0.05)
-    return message_id
+    async with asyncio.timeout(30):
+        while True:
+            if (message_id := await sync_to_async(find)()) is not None:
+                return message_id
+            await asyncio.sleep(0.05)
 
 
 async def test_a_held_slot_queues_rest_calls_but_never_streams(daphne, account):
