@@ -1,8 +1,9 @@
 """ASGI entry point: HTTP to Django (bounded in concurrency) plus the streaming consumers,
 WebSocket behind auth rules.
 
-The SSE consumer sits behind Channels' session/auth middleware (it checks tokens itself);
-WebSocket additionally behind ``WebSocketAuthMiddleware`` (Origin and token rules).
+The streaming consumers sit behind Channels' session middleware (they resolve the user
+themselves, with tokens first); WebSocket also behind ``WebSocketAuthMiddleware`` (Origin
+and token rules).
 """
 
 import asyncio
@@ -18,8 +19,8 @@ from django.core.asgi import get_asgi_application
 
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.sessions import SessionMiddlewareStack  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
@@ -71,8 +72,8 @@ application = StartRuntime(
                     re_path(r"", Bounded(django_asgi_app, settings.REQUEST_CONCURRENCY)),
                 ]
             ),
-            "websocket": WebSocketAuthMiddleware(
-                AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+            "websocket": SessionMiddlewareStack(
+                WebSocketAuthMiddleware(URLRouter(websocket_urlpatterns))
             ),
         }
     )

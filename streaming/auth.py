@@ -2,13 +2,18 @@
 
 Channels consumers bypass Django middleware and DRF, so SSE and WebSocket authenticate
 here: ``Authorization: Token <key>`` (or ``Bearer <key>``, for OpenAI clients) with DRF
-tokens, else the session user that Channels' ``AuthMiddlewareStack`` put in the scope.
+tokens, else the user of the session that Channels' ``SessionMiddlewareStack`` put in the
+scope. The user is resolved in a database thread together with whatever the caller asked
+for (Channels' ``AuthMiddlewareStack`` would resolve it first, in Channels' one database
+thread, on every stream open and WebSocket handshake).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from django.contrib.auth import get_user
 from django.contrib.auth.models import AnonymousUser
 
 from streaming import database
@@ -44,17 +49,23 @@ async def user_for_token(key: str) -> Any:
     return await database.run(_user_for_token, key)
 
 
+@dataclass(slots=True)
+class _SessionOf:
+    """What ``django.contrib.auth.get_user`` needs of a request."""
+
+    session: Any
+
+
 def resolve_user(scope: dict[str, Any]) -> Any:
     """The caller's user (synchronous: a database thread resolves it, together with what
     the caller asked for, in one trip)."""
     key = token_from_header(header(scope, b"authorization"))
     if key is not None:
         return _user_for_token(key) if key else AnonymousUser()
-    user = scope.get("user")
-    # Channels' lazy session user resolves here, off the event loop thread.
-    if user is None or not user.is_authenticated:
+    session = scope.get("session")
+    if session is None:
         return AnonymousUser()
-    return user
+    return get_user(_SessionOf(session))
 
 
 async def authenticate(scope: dict[str, Any]) -> Any:

@@ -23,8 +23,8 @@ from typing import Any
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from streaming import events
-from streaming.auth import user_for_token
+from streaming import database, events
+from streaming.auth import resolve_user, user_for_token
 from streaming.logcontext import stream_context
 from streaming.runtime import get_runtime
 from streaming.selectors import message_state
@@ -61,7 +61,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
     channel_layer_alias = "streams-use-no-channel-layer"
 
     async def connect(self) -> None:
-        self.user = self.scope.get("user")
+        # Accept first; the user is resolved meanwhile and awaited by the first frame.
+        self.user: Any = None
+        self.resolving = asyncio.create_task(database.run(resolve_user, self.scope))
         self.subscriptions: dict[str, asyncio.Task[None]] = {}
         self.last_sent = time.monotonic()
         self.send_buffer = SendBuffer(self.base_send)
@@ -73,7 +75,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.heartbeat = asyncio.create_task(self._heartbeat())
 
     async def disconnect(self, code: int) -> None:
-        tasks = list(self.subscriptions.values())
+        tasks = [*self.subscriptions.values(), self.resolving]
         if hb := getattr(self, "heartbeat", None):
             tasks.append(hb)
         for task in tasks:
@@ -86,6 +88,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
     # --- receive: parse, dispatch, answer; never stream here -----------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         ref = None
+        if self.user is None:
+            self.user = await self.resolving
         try:
             frame = self._parse(text_data, bytes_data)
             ref = frame.get("ref")
