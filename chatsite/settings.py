@@ -128,10 +128,11 @@ else:
             "TEST": {"NAME": VAR_DIR / "test.sqlite3"},
         }
     }
-# django-prometheus's wrappers of the same backends count queries, errors and latency.
+# django-prometheus's wrappers of the same backends count queries, errors and latency
+# (chatsite.backends: the same, with the instrumented cursor class built once).
 _PROMETHEUS_DB_ENGINES = {
-    "django.db.backends.postgresql": "django_prometheus.db.backends.postgresql",
-    "django.db.backends.sqlite3": "django_prometheus.db.backends.sqlite3",
+    "django.db.backends.postgresql": "chatsite.backends.postgresql",
+    "django.db.backends.sqlite3": "chatsite.backends.sqlite3",
 }
 DATABASES["default"]["ENGINE"] = _PROMETHEUS_DB_ENGINES.get(
     DATABASES["default"]["ENGINE"], DATABASES["default"]["ENGINE"]

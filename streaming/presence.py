@@ -4,7 +4,9 @@ Abandonment needs "no reader anywhere": each process counts its own readers and,
 Redis, publishes its count in a per-message hash keyed by worker id. Counts of dead
 workers are ignored (their heartbeat key is gone), so a crashed process never keeps a
 generation alive. When a count changes the generating process is told, locally by a
-call, remotely over the control channel.
+call; a process that does not run the generation tells it over the control channel only
+when its own count goes from or to zero (only then can the total do so). Readers of a
+finished message are counted locally only (shutdown waits for them); nobody else asks.
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ class Presence:
         self.idle = asyncio.Event()
         self.idle.set()
 
-    async def attach(self, message_id: str) -> None:
+    async def attach(self, message_id: str, *, live: bool = True) -> None:
+        """``live``: the message may still be generating (else: count locally only)."""
         self.local[message_id] = self.local.get(message_id, 0) + 1
         self.idle.clear()
-        await self._publish(message_id, 1)
+        if live:
+            await self._publish(message_id, 1)
 
-    async def detach(self, message_id: str) -> None:
+    async def detach(self, message_id: str, *, live: bool = True) -> None:
         left = self.local.get(message_id, 0) - 1
         if left > 0:
             self.local[message_id] = left
@@ -45,7 +49,8 @@ class Presence:
             self.local.pop(message_id, None)
             if not self.local:
                 self.idle.set()
-        await self._publish(message_id, -1)
+        if live:
+            await self._publish(message_id, -1)
 
     async def _publish(self, message_id: str, change: int) -> None:
         """Publish this process's count and tell the generation, in one Redis round trip.
@@ -67,10 +72,11 @@ class Presence:
         if counted:
             pipe.hgetall(key)
         replies = await pipe.execute()
-        if generation is None:
-            await self.runtime.control.send(message_id, {"type": "generation.readers"})
-            return
         local = self.local.get(message_id, 0)
+        if generation is None:
+            if local == (1 if change > 0 else 0):
+                await self.runtime.control.send(message_id, {"type": "generation.readers"})
+            return
         if local or not counted:
             generation.readers_changed(local or await self.count(message_id))
             return

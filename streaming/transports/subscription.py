@@ -114,7 +114,8 @@ class Subscription:
         recorded = self.metrics
         if resumed:
             recorded.resumes.inc()
-        await runtime.presence.attach(message_id)
+        live = not self.state.final
+        await runtime.presence.attach(message_id, live=live)
         recorded.streams_active.inc()
         replaying = resumed
         try:
@@ -155,7 +156,7 @@ class Subscription:
             metrics.STREAM_ENDS.labels(
                 transport=self.transport, status=self.ended_status or "disconnected"
             ).inc()
-            await runtime.presence.detach(message_id)
+            await runtime.presence.detach(message_id, live=live)
 
     def _newer_than(self, after: int) -> list[events.Event]:
         topic = self.runtime.hub.topics.get(self.state.id)
