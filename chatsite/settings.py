@@ -62,17 +62,19 @@ INSTALLED_APPS = [
     "streaming",
 ]
 
+# The usual stack (django-prometheus, security, WhiteNoise, sessions, common, CSRF, auth,
+# messages, clickjacking), each marked synchronous-only: chatsite/middleware.py says why.
 MIDDLEWARE = [
-    "django_prometheus.middleware.PrometheusBeforeMiddleware",
-    "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
+    "chatsite.middleware.PrometheusBeforeMiddleware",
+    "chatsite.middleware.SecurityMiddleware",
+    "chatsite.middleware.WhiteNoiseMiddleware",
+    "chatsite.middleware.SessionMiddleware",
+    "chatsite.middleware.CommonMiddleware",
+    "chatsite.middleware.CsrfViewMiddleware",
+    "chatsite.middleware.AuthenticationMiddleware",
+    "chatsite.middleware.MessageMiddleware",
+    "chatsite.middleware.XFrameOptionsMiddleware",
+    "chatsite.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "chatsite.urls"

