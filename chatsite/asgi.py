@@ -26,7 +26,11 @@ from django.urls import re_path  # noqa: E402
 
 from chatsite.routing import http_urlpatterns, websocket_urlpatterns  # noqa: E402
 from streaming.runtime import get_runtime  # noqa: E402
+from streaming.transports import writethrough  # noqa: E402
 from streaming.transports.wsauth import WebSocketAuthMiddleware  # noqa: E402
+
+# Frames go out when written, not on the reactor's next writability pass.
+writethrough.install()
 
 
 class StartRuntime:
