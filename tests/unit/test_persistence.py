@@ -1,0 +1,42 @@
+"""Write-behind: one statement for the batch, and only answers still streaming change."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from streaming.models import Conversation, Message
+from streaming.persistence import Partial, flush_partials
+from streaming.termination import Status
+
+pytestmark = pytest.mark.django_db
+
+
+def test_partials_of_streaming_answers_are_written_in_one_statement() -> None:
+    owner = User.objects.create_user("flush")
+    conversation = Conversation.objects.create(owner=owner)
+
+    def answer(status: str, content: str) -> Message:
+        return Message.objects.create(
+            conversation=conversation, role="assistant", status=status, content=content
+        )
+
+    running = [answer(Status.STREAMING, "") for _ in range(3)]
+    ended = answer(Status.COMPLETE, "the final text")
+    partials = [Partial(str(m.id), f"partial {i} 👋🏽", 10 + i) for i, m in enumerate(running)]
+    partials.append(Partial(str(ended.id), "a stale partial", 99))
+
+    with CaptureQueriesContext(connection) as queries:
+        flush_partials(partials)
+    # One statement, executed for the batch (Django logs it as "4 times: UPDATE ...").
+    updates = [q["sql"] for q in queries.captured_queries if "UPDATE" in q["sql"]]
+    assert len(updates) == 1
+    assert updates[0].startswith("4 times: UPDATE")
+
+    for i, message in enumerate(running):
+        message.refresh_from_db()
+        assert (message.content, message.last_seq) == (f"partial {i} 👋🏽", 10 + i)
+    ended.refresh_from_db()
+    assert (ended.content, ended.last_seq, ended.status) == ("the final text", 0, Status.COMPLETE)
