@@ -42,7 +42,8 @@ SETTLE = 2.0  # seconds between starting the servers' clocks and the first arriv
 
 @dataclass
 class Options:
-    servers: int = 1
+    # One server process per core, as deployments run them (each side gets as many).
+    servers: int = field(default_factory=lambda: os.cpu_count() or 1)
     load_processes: int = 2
     baseline: bool = True
     steady_streams: int = 1000
