@@ -41,7 +41,9 @@ class Presence:
         if live:
             await self._publish(message_id, 1)
 
-    async def detach(self, message_id: str, *, live: bool = True) -> None:
+    async def detach(self, message_id: str, *, live: bool = True, ended: bool = False) -> None:
+        """``ended``: the reader saw the answer's end, so no generation can want the news
+        (the count is still published: a later Continue counts readers again)."""
         left = self.local.get(message_id, 0) - 1
         if left > 0:
             self.local[message_id] = left
@@ -50,9 +52,9 @@ class Presence:
             if not self.local:
                 self.idle.set()
         if live:
-            await self._publish(message_id, -1)
+            await self._publish(message_id, -1, notify=not ended)
 
-    async def _publish(self, message_id: str, change: int) -> None:
+    async def _publish(self, message_id: str, change: int, *, notify: bool = True) -> None:
         """Publish this process's count and tell the generation, in one Redis round trip.
 
         When the generation runs here and this process has no reader of it left, the
@@ -61,17 +63,19 @@ class Presence:
         """
         generation = self.runtime.generations.get(message_id)
         if self.redis is None:
-            if generation is not None:
+            if notify and generation is not None:
                 generation.readers_changed(self.local.get(message_id, 0))
             return
         key = READERS_PREFIX + message_id
         pipe = self.redis.pipeline(transaction=False)
         pipe.hincrby(key, self.runtime.worker_id, change)
         pipe.expire(key, READERS_TTL)
-        counted = generation is not None and not self.local.get(message_id)
+        counted = notify and generation is not None and not self.local.get(message_id)
         if counted:
             pipe.hgetall(key)
         replies = await pipe.execute()
+        if not notify:
+            return
         local = self.local.get(message_id, 0)
         if generation is None:
             if local == (1 if change > 0 else 0):

@@ -156,7 +156,9 @@ class Subscription:
             metrics.STREAM_ENDS.labels(
                 transport=self.transport, status=self.ended_status or "disconnected"
             ).inc()
-            await runtime.presence.detach(message_id, live=live)
+            await runtime.presence.detach(
+                message_id, live=live, ended=self.ended_status is not None
+            )
 
     def _newer_than(self, after: int) -> list[events.Event]:
         topic = self.runtime.hub.topics.get(self.state.id)
