@@ -72,9 +72,11 @@ class Exchange:
 
 
 def _conversation_for(user: Any, conversation_id: Any, *, lock: bool = False) -> Conversation:
+    """``lock``: the conversation's row and its owner's (see ``_check_capacity``), in the
+    same query."""
     queryset = Conversation.objects.filter(owner=user)
     if lock:
-        queryset = queryset.select_for_update()
+        queryset = queryset.select_related("owner").select_for_update(of=("self", "owner"))
     try:
         return queryset.get(id=conversation_id)
     # A malformed id is just an id that names nothing (ValidationError for bad UUIDs).
@@ -124,10 +126,12 @@ def _engine_request(
     )
 
 
-def _check_capacity(user: Any) -> None:
+def _check_capacity(user: Any, *, locked: bool = False) -> None:
     """Count the user's streaming answers under a lock on the user's row, so concurrent
-    requests in different conversations cannot both pass the limit (inside a transaction)."""
-    list(get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("pk"))
+    requests in different conversations cannot both pass the limit (inside a transaction;
+    ``locked``: the caller holds the lock already)."""
+    if not locked:
+        list(get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("pk"))
     running = Message.objects.filter(
         conversation__owner=user, role=Message.Role.ASSISTANT, status=Status.STREAMING
     ).count()
@@ -157,7 +161,7 @@ def _create_exchange(
 ) -> tuple[Message, Message, SegmentPlan]:
     with transaction.atomic():
         conversation = _conversation_for(user, conversation_id, lock=True)
-        _check_capacity(user)
+        _check_capacity(user, locked=True)
         for turn in prior:
             Message.objects.create(conversation=conversation, role=turn.role, content=turn.content)
         user_message = Message.objects.create(
