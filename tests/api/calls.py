@@ -45,8 +45,9 @@ def started(
     return response.json()["message"]
 
 
-def read_to_end(api: httpx.Client, message_id: str) -> list[dict[str, Any]]:
-    """The message's SSE events up to its ``done`` (the event to await for an end)."""
+def read_to_end(api: httpx.Client, message_id: str, until: str = "done") -> list[dict[str, Any]]:
+    """The message's SSE events up to its ``done`` (the event to await for an end), or up
+    to the first event of type ``until``."""
     events = []
     with api.stream("GET", f"/api/messages/{message_id}/stream/") as response:
         if response.status_code == 204:
@@ -55,7 +56,7 @@ def read_to_end(api: httpx.Client, message_id: str) -> list[dict[str, Any]]:
         for line in response.iter_lines():
             if line.startswith("data: "):
                 events.append(json.loads(line[6:]))
-                if events[-1]["type"] == "done":
+                if events[-1]["type"] == until:
                     break
     return events
 

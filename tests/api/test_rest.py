@@ -212,6 +212,8 @@ def test_delete_removes_messages_and_logs_and_stops_the_answer(daphne, account):
         done = post(api, conversation, "one", wait=True, text="first", **FAST).json()
         running = started(api, conversation, "two", **SLOW)
         ids = [done["user_message"]["id"], done["message"]["id"], running["id"]]
+        # The 201 comes as the generation starts; its first event is the one to await.
+        assert read_to_end(api, running["id"], until="start")[0]["type"] == "start"
         if redis is not None:
             assert redis.exists(f"chat:log:{done['message']['id']}")
             assert redis.exists(f"chat:log:{running['id']}")
