@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 from streaming import database
 from streaming.auth import resolve_user
 from streaming.models import Conversation, Message
-from streaming.services import NotFound, message_for
+from streaming.services import NotFound, conversation_for, message_for
 from streaming.transports.subscription import MessageState
 
 
@@ -18,9 +18,7 @@ def conversations_of(user: Any) -> QuerySet[Conversation]:
 
 
 def messages_of(user: Any, conversation_id: Any) -> QuerySet[Message]:
-    from streaming.services import _conversation_for
-
-    conversation = _conversation_for(user, conversation_id)
+    conversation = conversation_for(user, conversation_id)
     return conversation.messages.prefetch_related("segments").order_by("created_at")
 
 

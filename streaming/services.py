@@ -71,7 +71,7 @@ class Exchange:
     generation: Generation
 
 
-def _conversation_for(user: Any, conversation_id: Any, *, lock: bool = False) -> Conversation:
+def conversation_for(user: Any, conversation_id: Any, *, lock: bool = False) -> Conversation:
     """``lock``: the conversation's row and its owner's (see ``_check_capacity``), in the
     same query."""
     queryset = Conversation.objects.filter(owner=user)
@@ -160,7 +160,7 @@ def _create_exchange(
     grace: float | None,
 ) -> tuple[Message, Message, SegmentPlan]:
     with transaction.atomic():
-        conversation = _conversation_for(user, conversation_id, lock=True)
+        conversation = conversation_for(user, conversation_id, lock=True)
         _check_capacity(user, locked=True)
         for turn in prior:
             Message.objects.create(conversation=conversation, role=turn.role, content=turn.content)
@@ -387,7 +387,7 @@ async def wait_until_ended(message_id: str, limit: float | None = None) -> None:
 def delete_conversation(user: Any, conversation_id: Any) -> list[str]:
     """Delete a conversation; returns the message ids whose logs should be dropped."""
     with transaction.atomic():
-        conversation = _conversation_for(user, conversation_id, lock=True)
+        conversation = conversation_for(user, conversation_id, lock=True)
         ids = [str(i) for i in conversation.messages.values_list("id", flat=True)]
         conversation.delete()
     return ids
