@@ -16,14 +16,11 @@ request is aborted.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import time
 from typing import Any
 
-from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 
 from streaming import database, services
@@ -45,6 +42,7 @@ from streaming.runtime import Runtime, get_runtime
 from streaming.termination import Status
 from streaming.transports.flow import SendBuffer
 from streaming.transports.subscription import MessageState, SlowConsumer, Subscription
+from streaming.transports.tasked import TaskedHttpConsumer
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +56,10 @@ STREAM_HEADERS = [
 UNAUTHENTICATED = "a valid `Authorization: Bearer <API token>` header is required"
 
 
-class OpenAIConsumer(AsyncHttpConsumer):
+class OpenAIConsumer(TaskedHttpConsumer):
     """Shared parts: the body limit, Bearer authentication and the error answers."""
 
     method = "GET"
-    task: asyncio.Task[None] | None = None
     received = 0
     replied = False
 
@@ -76,7 +73,7 @@ class OpenAIConsumer(AsyncHttpConsumer):
             self.body.append(chunk)
         if message.get("more_body"):
             return
-        self.task = asyncio.create_task(self.answer(b"".join(self.body)))
+        self.respond_in_task(self.answer(b"".join(self.body)))
 
     async def answer(self, body: bytes) -> None:
         """Method, then authentication, then the body limit - as the REST API checks them."""
@@ -122,13 +119,6 @@ class OpenAIConsumer(AsyncHttpConsumer):
         field: str | None = None,
     ) -> None:
         await self.reply(status, error_document(status, code, message, field), headers)
-
-    async def disconnect(self) -> None:
-        task = self.task
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 class ModelsConsumer(OpenAIConsumer):

@@ -11,15 +11,12 @@ Channels serialises a consumer's handlers, so the stream runs in its own task an
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.exceptions import StopConsumer
-from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 
 from streaming import events
@@ -30,6 +27,7 @@ from streaming.runtime import get_runtime
 from streaming.selectors import reader_state
 from streaming.transports.flow import SendBuffer, innermost_send
 from streaming.transports.subscription import SlowConsumer, Subscription, has_more
+from streaming.transports.tasked import TaskedHttpConsumer
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +60,12 @@ def parse_cursor(scope: dict[str, Any]) -> int:
     return int(raw)
 
 
-class MessageStreamConsumer(AsyncHttpConsumer):
+class MessageStreamConsumer(TaskedHttpConsumer):
     # No per-connection channel: control traffic goes through the runtime's one channel
     # (streaming.control). A channel per connection costs a layer receive per consumer and,
     # with Redis, ends every open stream when Redis is slow or restarting. An alias that is
     # not configured is how Channels is told "no layer" (get_channel_layer returns None).
     channel_layer_alias = "streams-use-no-channel-layer"
-    stream_task: asyncio.Task[None] | None = None
 
     async def http_request(self, message: dict[str, Any]) -> None:
         """Start the stream and return, so ``http.disconnect`` can still be received."""
@@ -107,7 +104,7 @@ class MessageStreamConsumer(AsyncHttpConsumer):
         await self.send_headers(status=200, headers=STREAM_HEADERS)
         await self.send_body(events.sse_retry(settings.STREAM_RETRY_MS), more_body=True)
         subscription = Subscription(runtime, state, after, "sse", SendBuffer(self.base_send))
-        self.stream_task = asyncio.create_task(
+        self.respond_in_task(
             self.run(subscription, innermost_send(self.base_send) or self.base_send)
         )
         return True
@@ -131,10 +128,3 @@ class MessageStreamConsumer(AsyncHttpConsumer):
         body = error_bytes(status, code, message)
         headers = [(b"content-type", b"application/json")] + (extra or [])
         await self.send_response(status, body, headers=headers)
-
-    async def disconnect(self) -> None:
-        task = self.stream_task
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
