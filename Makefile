@@ -22,7 +22,7 @@ migrate: install
 
 run: migrate
 	$(BIN)/python manage.py collectstatic --noinput -v0
-	$(BIN)/python manage.py ensure_demo_user
+	$(BIN)/python manage.py ensure_demo_user --url http://$(HOST):$(PORT)/
 	$(BIN)/daphne -b $(HOST) -p $(PORT) chatsite.asgi:application
 
 test: install

@@ -15,8 +15,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--username", default="demo")
+        parser.add_argument(
+            "--url", default="http://127.0.0.1:8000/", help="where the server will listen"
+        )
 
-    def handle(self, *args: Any, username: str, **options: Any) -> None:
+    def handle(self, *args: Any, username: str, url: str, **options: Any) -> None:
         User = get_user_model()
         if User.objects.filter(username=username).exists():
             user = User.objects.get(username=username)
@@ -31,5 +34,5 @@ class Command(BaseCommand):
         self.stdout.write(
             "Created the demo user (also an admin):\n"
             f"  username: {username}\n  password: {password}\n  API token: {token.key}\n"
-            "Open http://127.0.0.1:8000/ and log in; the admin is at /admin/."
+            f"Open {url} and log in; the admin is at {url.rstrip('/')}/admin/."
         )
