@@ -87,6 +87,8 @@ def machine() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     options, names, json_path = parse(argv)
     options.env = environment(options)
+    if options.servers <= 0:
+        options.servers = (os.cpu_count() or 1) if options.env.get("REDIS_URL") else 1
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     options.log_dir = Path(options.env["VAR_DIR"]) / "logs" / stamp
     database.setup(options.env)

@@ -42,8 +42,9 @@ SETTLE = 2.0  # seconds between starting the servers' clocks and the first arriv
 
 @dataclass
 class Options:
-    # One server process per core, as deployments run them (each side gets as many).
-    servers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    # 0: one server process per core, as deployments run them (each side gets as many),
+    # when REDIS_URL is set; one with the embedded defaults, which are single-process.
+    servers: int = 0
     load_processes: int = 2
     baseline: bool = True
     steady_streams: int = 1000
