@@ -163,6 +163,15 @@ class Supervisor:
 
 
 def serve() -> int:
+    if len(ports()) > 1 and not os.environ.get("REDIS_URL"):
+        # Without Redis each process keeps its own event log and beats no heartbeat: the
+        # processes would take each other's answers for orphans and end them.
+        print(
+            "web: WEB_PROCESSES > 1 needs REDIS_URL (the processes share the event log, "
+            "reader counts and heartbeats through it); set it or set WEB_PROCESSES=1",
+            file=sys.stderr,
+        )
+        return 2
     env = with_secret_key(dict(os.environ), create=False)
     clear_metrics_dir()
     return Supervisor(env).run()

@@ -45,7 +45,23 @@ def health(env: dict[str, str]) -> int:
     ).returncode
 
 
+def test_several_processes_without_redis_are_refused(tmp_path: Path):
+    env = server_env(WEB_PROCESSES=2, WEB_BASE_PORT=consecutive_free_ports(2), REDIS_URL=None)
+    result = subprocess.run(
+        [sys.executable, str(LAUNCHER), "serve"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "WEB_PROCESSES > 1 needs REDIS_URL" in result.stderr
+
+
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("needs_redis")
 def test_serve_runs_every_process_and_stops_on_sigterm(tmp_path: Path):
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
