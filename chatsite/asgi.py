@@ -9,6 +9,7 @@ and token rules).
 import asyncio
 import os
 import weakref
+from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 
@@ -37,11 +38,11 @@ class StartRuntime:
     """Start this process's background loops (reaper, heartbeat) on its first request:
     Daphne has no lifespan events."""
 
-    def __init__(self, inner):
+    def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.started = False
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
         if not self.started and scope["type"] in ("http", "websocket"):
             self.started = True
             await get_runtime().ensure_started()
@@ -52,13 +53,15 @@ class Bounded:
     """At most ``settings.REQUEST_CONCURRENCY`` requests inside ``inner`` at once; the rest
     wait as coroutines, in arrival order."""
 
-    def __init__(self, inner, limit):
+    def __init__(self, inner: Any, limit: int) -> None:
         self.inner = inner
         self.limit = limit
         # event loop -> its semaphore (tests run several loops)
-        self.gates = weakref.WeakKeyDictionary()
+        self.gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
         loop = asyncio.get_running_loop()
         gate = self.gates.get(loop)
         if gate is None:
