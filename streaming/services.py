@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
@@ -72,8 +71,8 @@ class Exchange:
 
 
 def conversation_for(user: Any, conversation_id: Any, *, lock: bool = False) -> Conversation:
-    """``lock``: the conversation's row and its owner's (see ``_check_capacity``), in the
-    same query."""
+    """``lock``: the conversation's row and its owner's (``_check_capacity`` counts under
+    the owner's), in the same query."""
     queryset = Conversation.objects.filter(owner=user)
     if lock:
         queryset = queryset.select_related("owner").select_for_update(of=("self", "owner"))
@@ -85,9 +84,12 @@ def conversation_for(user: Any, conversation_id: Any, *, lock: bool = False) -> 
 
 
 def message_for(user: Any, message_id: Any, *, lock: bool = False) -> Message:
+    """``lock``: the message's row and its owner's (as ``conversation_for``)."""
     queryset = Message.objects.filter(conversation__owner=user).select_related("conversation")
     if lock:
-        queryset = queryset.select_for_update(of=("self",))
+        queryset = queryset.select_related("conversation__owner").select_for_update(
+            of=("self", "conversation__owner")
+        )
     try:
         return queryset.get(id=message_id)
     except (Message.DoesNotExist, ValidationError, ValueError, TypeError):
@@ -126,12 +128,10 @@ def _engine_request(
     )
 
 
-def _check_capacity(user: Any, *, locked: bool = False) -> None:
-    """Count the user's streaming answers under a lock on the user's row, so concurrent
-    requests in different conversations cannot both pass the limit (inside a transaction;
-    ``locked``: the caller holds the lock already)."""
-    if not locked:
-        list(get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("pk"))
+def _check_capacity(user: Any) -> None:
+    """Count the user's streaming answers. The caller holds the lock on the user's row
+    (taken by the locking read of ``conversation_for`` or ``message_for``, in the same
+    transaction), so concurrent requests in different conversations cannot both pass."""
     running = Message.objects.filter(
         conversation__owner=user, role=Message.Role.ASSISTANT, status=Status.STREAMING
     ).count()
@@ -161,7 +161,7 @@ def _create_exchange(
 ) -> tuple[Message, Message, SegmentPlan]:
     with transaction.atomic():
         conversation = conversation_for(user, conversation_id, lock=True)
-        _check_capacity(user, locked=True)
+        _check_capacity(user)
         for turn in prior:
             Message.objects.create(conversation=conversation, role=turn.role, content=turn.content)
         user_message = Message.objects.create(
