@@ -443,7 +443,7 @@ def abort(options: Options) -> dict[str, Any]:
         }
 
     try:
-        side = start_ours(options, "abort", n, ABANDON_GRACE_SECONDS="0", **engine_env)
+        side = start_ours(options, "abort", n, STREAM_ABANDON_GRACE="0", **engine_env)
         try:
             out["ours"] = measure(side, lambda r: f"{r.message_id}.0")
         finally:

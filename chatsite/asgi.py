@@ -27,16 +27,20 @@ from django.urls import re_path  # noqa: E402
 
 from chatsite.routing import http_urlpatterns, websocket_urlpatterns  # noqa: E402
 from streaming.runtime import get_runtime  # noqa: E402
-from streaming.transports import writethrough  # noqa: E402
+from streaming.transports import daphne  # noqa: E402
 from streaming.transports.wsauth import WebSocketAuthMiddleware  # noqa: E402
 
-# Frames go out when written, not on the reactor's next writability pass.
-writethrough.install()
+# Frames go out when written, not on the reactor's next writability pass; checks the server
+# hooks and says (log line, metric) when one cannot work.
+daphne.install_write_through()
+# After the SIGTERM drain, the server stops.
+get_runtime().lifecycle.on_stopped.append(daphne.stop_server)
 
 
 class StartRuntime:
     """Start this process's background loops (reaper, heartbeat) on its first request:
-    Daphne has no lifespan events."""
+    Daphne has no lifespan events. Every request awaits the start, so nothing is served
+    by a process whose runtime is not running."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -44,8 +48,8 @@ class StartRuntime:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
         if not self.started and scope["type"] in ("http", "websocket"):
-            self.started = True
             await get_runtime().ensure_started()
+            self.started = True
         return await self.inner(scope, receive, send)
 
 

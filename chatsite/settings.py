@@ -1,8 +1,8 @@
 """Settings, read from the environment.
 
 Every variable is listed with its default in docs/configuration.md. Unset service URLs
-select the embedded defaults (SQLite, in-memory stream log and channel layer, simulated
-engine) so the product runs on a fresh machine with nothing else installed.
+select the embedded defaults (SQLite, in-memory stream log, presence and channel layer,
+simulated engine) so the product runs on a fresh machine with nothing else installed.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 import dj_database_url
+
+from streaming.conf import from_environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("VAR_DIR", BASE_DIR / "var"))
@@ -210,41 +212,11 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
 }
 
-# --- the engine -----------------------------------------------------------------------
-ENGINE_URL = os.environ.get("ENGINE_URL", "")
-ENGINE_MODEL = os.environ.get("ENGINE_MODEL", "")
-ENGINE_API_KEY = os.environ.get("ENGINE_API_KEY", "") or None
-ENGINE_CONNECT_TIMEOUT = env_float("ENGINE_CONNECT_TIMEOUT", 5.0)
-
-# --- streaming knobs (docs/configuration.md explains how they fit together) -----------
-# No token for this long ends a segment as `stalled`; also the engine client's read timeout.
-STREAM_STALL_TIMEOUT = env_float("STREAM_STALL_TIMEOUT", 30.0)
-# How long a generation keeps running after its last reader left (0 = abort at once).
-STREAM_ABANDON_GRACE = env_float("ABANDON_GRACE_SECONDS", 10.0)
-# SSE `: ping` comments / WS heartbeats while nothing else is sent; below every idle timeout.
-STREAM_PING_INTERVAL = env_float("STREAM_PING_INTERVAL", 15.0)
-# SSE `retry:` hint for EventSource reconnects, in milliseconds.
-STREAM_RETRY_MS = env_int("STREAM_RETRY_MS", 1000)
-# Write-behind persistence of partial content.
-STREAM_FLUSH_INTERVAL = env_float("STREAM_FLUSH_INTERVAL", 1.0)
-# Readers write at most one frame per interval (merge-on-read), in seconds.
-STREAM_MIN_WRITE_INTERVAL = env_float("STREAM_MIN_WRITE_INTERVAL", 0.02)
-# Bytes a connection may have queued in the server's send buffer before we stop writing.
-STREAM_SEND_BUFFER_LIMIT = env_int("STREAM_SEND_BUFFER_LIMIT", 64 * 1024)
-# How long a connection may stay over that limit before it is closed (client resumes).
-STREAM_SLOW_CONSUMER_TIMEOUT = env_float("STREAM_SLOW_CONSUMER_TIMEOUT", 30.0)
-# How long finished message logs stay in Redis for resumes.
-STREAM_LOG_TTL = env_int("STREAM_LOG_TTL", 24 * 3600)
-# Process heartbeat period and how long without one before the reaper steps in.
-STREAM_HEARTBEAT_INTERVAL = env_float("STREAM_HEARTBEAT_INTERVAL", 2.0)
-STREAM_HEARTBEAT_TIMEOUT = env_float("STREAM_HEARTBEAT_TIMEOUT", 10.0)
-STREAM_AUTO_CONTINUE_INTERRUPTED = env_bool("STREAM_AUTO_CONTINUE_INTERRUPTED", False)
-# On SIGTERM, how long running generations may take to finish before being interrupted.
-STREAM_SHUTDOWN_DEADLINE = env_float("STREAM_SHUTDOWN_DEADLINE", 20.0)
-# Stamp each delta with the engine's emit time ("t"), for the benchmark's latency figures.
-STREAM_EMIT_STAMPS = env_bool("STREAM_EMIT_STAMPS", False)
-# How long the final record is retried while the database is unreachable.
-STREAM_PERSIST_RETRY_SECONDS = env_float("STREAM_PERSIST_RETRY_SECONDS", 120.0)
+# --- streaming: one dict, documented key by key in docs/configuration.md -------------------
+# STREAM_<KEY> sets STREAMING["<KEY>"]; REDIS_URL selects the Redis log and presence,
+# ENGINE_URL (with ENGINE_MODEL, ENGINE_API_KEY, ENGINE_CONNECT_TIMEOUT) the vLLM engine.
+# A deployment may instead write the dict itself, naming any backend by its path.
+STREAMING = from_environ()
 
 # --- limits -----------------------------------------------------------------------------
 MAX_TOKENS_CAP = env_int("MAX_TOKENS_CAP", 4096)

@@ -2,9 +2,10 @@
 and the answers streaming right now with a Stop that really ends them.
 
 Messages are records of what happened, so they are read-only here; only a conversation's
-title and system prompt are editable. Stop goes through ``Runtime.cancel``, which reaches the
-generating process wherever it runs (over the channel layer), and the engine request is
-aborted there. The in-flight list lives at ``/admin/streaming/message/in-flight/``.
+title and system prompt are editable. Stop and delete are the same services the API uses
+(``services.stop_answers``, ``services.delete_conversations``): they reach the generating
+process wherever it runs, and the engine request is aborted there. The in-flight list
+lives at ``/admin/streaming/message/in-flight/``.
 Model output is shown as text (escaped), never as HTML.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
@@ -21,12 +21,10 @@ from django.urls import URLPattern, path
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from streaming.api.stopping import drop_logs, stop_generations
+from streaming import services
+from streaming.conf import streaming_settings
 from streaming.models import Conversation, Message, Segment
 from streaming.termination import Status
-
-# How long the Stop action waits for the generations to report their end.
-STOP_WAIT = 5.0
 
 SEGMENT_COLUMNS = (
     ("index", "#"),
@@ -81,14 +79,15 @@ def stop_generation(
     if not ids:
         model_admin.message_user(request, "None of these answers is streaming.", messages.WARNING)
         return
-    async_to_sync(stop_generations)(ids, wait=STOP_WAIT)
+    services.call(services.stop_answers, ids)
     still = Message.objects.filter(id__in=ids, status=Status.STREAMING).count()
     stopped = len(ids) - still
     model_admin.message_user(request, f"Stopped {stopped} generation(s).", messages.SUCCESS)
     if still:
         model_admin.message_user(
             request,
-            f"{still} did not confirm within {STOP_WAIT:g} s; they end when their process "
+            f"{still} did not confirm within {streaming_settings.STOP_WAIT:g} s; they end "
+            "when their process "
             "handles the stop (or the reaper finds the process gone).",
             messages.WARNING,
         )
@@ -182,15 +181,7 @@ class ConversationAdmin(admin.ModelAdmin):
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Conversation]) -> None:
         """Stop running answers first, then delete; the logs go last (nothing recreates them)."""
-        messages_qs = Message.objects.filter(conversation__in=queryset)
-        running = [
-            str(i) for i in messages_qs.filter(status=Status.STREAMING).values_list("id", flat=True)
-        ]
-        if running:
-            async_to_sync(stop_generations)(running, wait=STOP_WAIT)
-        ids = [str(i) for i in messages_qs.values_list("id", flat=True)]
-        Conversation.objects.filter(pk__in=list(queryset.values_list("pk", flat=True))).delete()
-        async_to_sync(drop_logs)(ids)
+        services.delete_conversations(queryset)
 
 
 class SegmentInline(ReadOnlyInline, admin.TabularInline):

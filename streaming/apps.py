@@ -5,3 +5,13 @@ class StreamingConfig(AppConfig):
     name = "streaming"
     default_auto_field = "django.db.models.BigAutoField"
     verbose_name = "Streaming chat"
+
+    def ready(self) -> None:
+        """Wire the upward paths: the layers below the services signal, the services act."""
+        from streaming import services, signals
+        from streaming.conf import streaming_settings
+
+        streaming_settings.check()
+        signals.answer_interrupted.connect(
+            services.continue_interrupted, dispatch_uid="streaming.auto-continue"
+        )

@@ -6,38 +6,43 @@ channel in the group of all processes; a control message names its message and g
 every process, and the one that runs that generation acts on it. Control messages are
 rare (a Stop, the last reader of a process leaving), so this costs less than joining and
 leaving a group per generation, which was two Redis calls on every answer's path.
+
+``Control`` is only the wire: what a message means is its handler's business (the
+registry of generations, ``streaming.registry``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from channels.layers import get_channel_layer
 
-if TYPE_CHECKING:
-    from streaming.runtime import Runtime
-
 log = logging.getLogger(__name__)
-
 
 GROUP = "streaming.workers"
 
+Handler = Callable[[dict[str, Any]], Awaitable[None]]
+
 
 class Control:
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    def __init__(self) -> None:
         self.layer = get_channel_layer()
         self.channel: str | None = None
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
+    async def start(self, handler: Handler) -> None:
+        """Join the group and hand every message received to ``handler``."""
         if self.layer is None:
             return
         self.channel = await self.layer.new_channel("worker.")
-        self._task = self.runtime.spawn(self._listen(), "control-listener")
+        self._task = asyncio.create_task(
+            self._listen(handler), name="control-listener", context=contextvars.Context()
+        )
         try:
             await self.renew()
         except Exception:
@@ -45,7 +50,7 @@ class Control:
 
     async def renew(self) -> None:
         """(Re)join the group of all processes: membership expires after the layer's
-        ``group_expiry``, so the heartbeat renews it."""
+        ``group_expiry``, and a Redis restart loses it, so the heartbeat renews it."""
         if self.layer is not None and self.channel is not None:
             await self.layer.group_add(GROUP, self.channel)
 
@@ -53,7 +58,7 @@ class Control:
         if self.layer is not None:
             await self.layer.group_send(GROUP, {**message, "mid": message_id})
 
-    async def _listen(self) -> None:
+    async def _listen(self, handler: Handler) -> None:
         assert self.layer is not None and self.channel is not None
         while True:
             try:
@@ -65,19 +70,9 @@ class Control:
                 await asyncio.sleep(1.0)
                 continue
             try:
-                await self._dispatch(message)
+                await handler(message)
             except Exception:
                 log.exception("control message failed: %r", message)
-
-    async def _dispatch(self, message: dict[str, Any]) -> None:
-        generation = self.runtime.generations.get(message.get("mid", ""))
-        if generation is None:
-            return
-        kind = message.get("type")
-        if kind == "generation.cancel":
-            self.runtime.cancel_local(generation, message.get("reason", "cancelled"))
-        elif kind == "generation.readers":
-            generation.readers_changed(await self.runtime.presence.count(generation.message_id))
 
     async def stop(self) -> None:
         if self.layer is not None and self.channel is not None:

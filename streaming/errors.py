@@ -1,7 +1,10 @@
-"""The one error shape of every 4xx/5xx answer, on every entry point:
+"""The errors the services raise, and the one shape every entry point answers them in.
 
 ``{"error": {"status": 404, "code": "not_found", "message": "...", "field": "params.stop"}}``
-(``field`` only for validation errors). Stream errors use the event schema instead.
+(``field`` only for validation errors). REST, WebSocket and the OpenAI-compatible endpoint
+all describe a ``ServiceError`` with ``describe`` and ``headers_of``; each wraps the same
+fields in its own envelope (a JSON body, a ``{"type": "error"}`` frame, OpenAI's error
+object). Stream errors use the event schema instead.
 """
 
 from __future__ import annotations
@@ -10,12 +13,74 @@ import json
 from typing import Any
 
 
-def error_body(status: int, code: str, message: str, field: str | None = None) -> dict[str, Any]:
-    error: dict[str, Any] = {"status": status, "code": code, "message": message}
+class ServiceError(Exception):
+    """A request the services refuse; ``status`` is the HTTP status it answers with."""
+
+    status = 400
+    code = "invalid"
+    # Seconds a client should wait before trying again (a ``Retry-After``), or None.
+    retry_after: int | None = None
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class NotFound(ServiceError):
+    """No such object, or not the caller's: the two are indistinguishable on purpose."""
+
+    status = 404
+    code = "not_found"
+
+
+class Conflict(ServiceError):
+    status = 409
+    code = "conflict"
+
+
+class TooManyGenerations(ServiceError):
+    status = 429
+    code = "too_many_generations"
+    retry_after = 5
+
+
+class ShuttingDown(ServiceError):
+    status = 503
+    code = "shutting_down"
+    retry_after = 2
+
+
+class InvalidParams(ServiceError):
+    status = 400
+    code = "invalid_params"
+
+
+class InvalidCursor(ServiceError):
+    status = 400
+    code = "invalid_cursor"
+
+
+def error_fields(status: int, code: str, message: str, field: str | None = None) -> dict[str, Any]:
+    fields: dict[str, Any] = {"status": status, "code": code, "message": message}
     if field is not None:
-        error["field"] = field
-    return {"error": error}
+        fields["field"] = field
+    return fields
+
+
+def error_body(status: int, code: str, message: str, field: str | None = None) -> dict[str, Any]:
+    return {"error": error_fields(status, code, message, field)}
 
 
 def error_bytes(status: int, code: str, message: str, field: str | None = None) -> bytes:
     return json.dumps(error_body(status, code, message, field)).encode()
+
+
+def describe(exc: ServiceError) -> dict[str, Any]:
+    """The fields of the error object for ``exc``."""
+    return error_fields(exc.status, exc.code, exc.message, exc.field)
+
+
+def headers_of(exc: ServiceError) -> dict[str, str]:
+    """The HTTP headers that go with ``exc`` (``Retry-After`` for a limit or a drain)."""
+    return {} if exc.retry_after is None else {"Retry-After": str(exc.retry_after)}

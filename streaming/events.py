@@ -1,4 +1,5 @@
-"""The event schema shared by every transport, and its SSE and WebSocket framings.
+"""The event schema shared by every transport, and its WebSocket framing (the SSE framing
+is ``streaming.transports.eventstream``).
 
 An event is a plain dict ``{"seq": N, "type": ..., ...}``; ``seq`` increases per message
 across all of its segments, so a reader's cursor is one integer on every transport.
@@ -17,7 +18,6 @@ START = "start"
 DELTA = "delta"
 ERROR = "error"
 DONE = "done"
-TYPES = frozenset({START, DELTA, ERROR, DONE})
 
 
 def start(seq: int, *, message_id: str, segment: int, model: str) -> Event:
@@ -68,22 +68,6 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 def dumps(event: Event) -> str:
     return _ENCODER.encode(event)
-
-
-def sse_frame(event: Event) -> bytes:
-    """``id`` / ``event`` / ``data`` lines; the payload is one line of compact JSON."""
-    return f"id: {event['seq']}\nevent: {event['type']}\ndata: {dumps(event)}\n\n".encode()
-
-
-def sse_frames(events: list[Event]) -> bytes:
-    return b"".join(sse_frame(e) for e in events)
-
-
-SSE_PING = b": ping\n\n"
-
-
-def sse_retry(ms: int) -> bytes:
-    return f"retry: {ms}\n\n".encode()
 
 
 def ws_frame(event: Event, message_id: str) -> str:

@@ -16,22 +16,20 @@ import contextlib
 import contextvars
 import logging
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from django.conf import settings
 
 from streaming import database, events, metrics
+from streaming.conf import streaming_settings
 from streaming.detokenize import Detokenizer
-from streaming.engines.base import EngineChunk, EngineError, EngineRequest
+from streaming.engines.base import Engine, EngineChunk, EngineError, EngineRequest
+from streaming.hub import Hub
 from streaming.logcontext import stream_context
 from streaming.persistence import Partial, finalize_segment
+from streaming.presence import Presence
 from streaming.stops import StopFilter
-from streaming.streamlog import SeqConflict
+from streaming.streamlog import SeqConflict, StreamLog
 from streaming.termination import Status, Termination
-
-if TYPE_CHECKING:
-    from streaming.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +56,31 @@ class SegmentPlan:
     first_seq: int
     base_text: str  # the message's content before this segment (Continue)
     request: EngineRequest
-    abandon_grace: float = field(default_factory=lambda: settings.STREAM_ABANDON_GRACE)
+    abandon_grace: float = field(default_factory=lambda: streaming_settings.ABANDON_GRACE)
+
+
+@dataclass(frozen=True, slots=True)
+class Backends:
+    """What a generation writes to and reads from, built once per process by the runtime."""
+
+    log: StreamLog
+    hub: Hub
+    presence: Presence
+    engine: Engine
+    worker_id: str
 
 
 class Generation:
-    def __init__(self, plan: SegmentPlan, runtime: Runtime) -> None:
+    def __init__(
+        self,
+        plan: SegmentPlan,
+        backends: Backends,
+        on_end: Callable[[Generation], None] | None = None,
+    ) -> None:
+        """``on_end`` is called once the generation is over, before ``finished`` is set."""
         self.plan = plan
-        self.runtime = runtime
+        self.backends = backends
+        self.on_end = on_end
         self.message_id = plan.message_id
         self.seq = plan.first_seq - 1
         self.parts: list[str] = []
@@ -79,6 +95,7 @@ class Generation:
         self._stalled = False
         self._stall_timer: asyncio.TimerHandle | None = None
         self._abandon_timer: asyncio.TimerHandle | None = None
+        self._abandon_check: asyncio.Task[None] | None = None
         self._persisted_seq = plan.first_seq - 1
         self.started_at = time.monotonic()
 
@@ -99,6 +116,10 @@ class Generation:
         if self._finalizing or self.task is None or self.task.done() or self.cancel_reason:
             return False
         self.cancel_reason = reason
+        if reason == Status.CANCELLED:
+            metrics.CANCELS.inc()
+        elif reason == Status.ABANDONED:
+            metrics.ABANDONS.inc()
         if self._waiting_for_engine:
             self.task.cancel()
         return True
@@ -115,14 +136,20 @@ class Generation:
             return
         grace = self.plan.abandon_grace
         if grace <= 0:
-            self.runtime.cancel_local(self, Status.ABANDONED.value)
+            self.cancel(Status.ABANDONED.value)
             return
         loop = asyncio.get_running_loop()
         self._abandon_timer = loop.call_later(grace, self._abandon_due)
 
+    async def recount_readers(self) -> None:
+        """Count the readers in every process again (another process's count changed)."""
+        self.readers_changed(await self.backends.presence.count(self.message_id))
+
     def _abandon_due(self) -> None:
         self._abandon_timer = None
-        self.runtime.spawn(self._recheck_abandon(), "abandon-check")
+        self._abandon_check = asyncio.create_task(
+            self._recheck_abandon(), name="abandon-check", context=contextvars.Context()
+        )
 
     def _watch_stall(self) -> None:
         """One timer per stall period instead of a timeout scope per engine chunk: it
@@ -133,7 +160,7 @@ class Generation:
         if self._finalizing or task is None or task.done():
             return
         loop = asyncio.get_running_loop()
-        stall = settings.STREAM_STALL_TIMEOUT
+        stall = streaming_settings.STALL_TIMEOUT
         now = loop.time()
         if self._waiting_for_engine and self.cancel_reason is None:
             due = self._engine_wait_since + stall
@@ -146,9 +173,9 @@ class Generation:
         self._stall_timer = loop.call_at(due, self._watch_stall)
 
     async def _recheck_abandon(self) -> None:
-        count = await self.runtime.presence.count(self.message_id)
+        count = await self.backends.presence.count(self.message_id)
         if count == 0:
-            self.runtime.cancel_local(self, Status.ABANDONED.value)
+            self.cancel(Status.ABANDONED.value)
 
     # --- the run ---------------------------------------------------------------------
     @property
@@ -162,8 +189,8 @@ class Generation:
         return Partial(self.message_id, self.plan.base_text + self.text, self.seq)
 
     async def _emit(self, batch: list[events.Event]) -> None:
-        await self.runtime.log.append(self.message_id, batch)
-        self.runtime.hub.publish(self.message_id, batch)
+        await self.backends.log.append(self.message_id, batch)
+        self.backends.hub.publish(self.message_id, batch)
 
     def _next_seq(self) -> int:
         self.seq += 1
@@ -171,9 +198,8 @@ class Generation:
 
     async def _run(self) -> None:
         plan = self.plan
-        rt = self.runtime
         with stream_context(plan.message_id, plan.request.request_id):
-            rt.hub.open_local(plan.message_id, plan.first_seq)
+            self.backends.hub.open_local(plan.message_id, plan.first_seq)
             metrics.ACTIVE_GENERATIONS.inc()
             try:
                 termination = await self._generate()
@@ -184,10 +210,10 @@ class Generation:
     async def _generate(self) -> Termination:
         plan = self.plan
         request = plan.request
-        engine = self.runtime.engine
+        engine = self.backends.engine
         detok = Detokenizer()
         stops = StopFilter(request.stop)
-        termination = Termination(status=Status.COMPLETE.value, worker=self.runtime.worker_id)
+        termination = Termination(status=Status.COMPLETE.value, worker=self.backends.worker_id)
         stream = engine.stream(request)
         try:
             await self._emit(
@@ -205,7 +231,7 @@ class Generation:
         except TimeoutError:
             termination.status = Status.STALLED.value
             termination.error_type = "Stalled"
-            termination.error_message = f"no token for {settings.STREAM_STALL_TIMEOUT:g} s"
+            termination.error_message = f"no token for {streaming_settings.STALL_TIMEOUT:g} s"
             metrics.engine_error("EngineTimeout")
         except EngineError as exc:
             stalled = exc.type == "EngineTimeout"
@@ -256,7 +282,7 @@ class Generation:
 
     async def _pump(
         self,
-        stream: Any,
+        stream: AsyncIterator[EngineChunk],
         detok: Detokenizer,
         stops: StopFilter,
         termination: Termination,
@@ -265,7 +291,8 @@ class Generation:
         loop = asyncio.get_running_loop()
         completion_tokens = 0
         first_token = True
-        self._stall_timer = loop.call_later(settings.STREAM_STALL_TIMEOUT, self._watch_stall)
+        self._stall_timer = loop.call_later(streaming_settings.STALL_TIMEOUT, self._watch_stall)
+        stamps = streaming_settings.EMIT_STAMPS
         while True:
             if self.cancel_reason is not None:
                 raise Cancelled
@@ -301,7 +328,7 @@ class Generation:
                 shown, matched = stops.feed(text)
                 if shown:
                     self.parts.append(shown)
-                    stamp = chunk.emitted_at if settings.STREAM_EMIT_STAMPS else None
+                    stamp = chunk.emitted_at if stamps else None
                     await self._emit([events.delta(self._next_seq(), shown, stamp)])
                 if matched is not None:
                     termination.status = Status.STOPPED.value
@@ -336,7 +363,7 @@ class Generation:
 
     async def _finish(self, termination: Termination) -> None:
         plan = self.plan
-        rt = self.runtime
+        backends = self.backends
         text = self.text
         content = plan.base_text + text
         termination.inspect_text(content)
@@ -352,12 +379,12 @@ class Generation:
                     done_seq, segment=plan.segment_index, termination=termination.as_dict()
                 )
                 try:
-                    await rt.log.append(plan.message_id, [done])
-                    rt.hub.publish(plan.message_id, [done])
+                    await backends.log.append(plan.message_id, [done])
+                    backends.hub.publish(plan.message_id, [done])
                 except SeqConflict:
                     log.warning("terminal event already in the log")
                 with contextlib.suppress(Exception):
-                    await rt.log.finish(plan.message_id)
+                    await backends.log.finish(plan.message_id)
                 log.info(
                     "generation ended: %s (%d tokens, %d chars)",
                     termination.status,
@@ -365,13 +392,15 @@ class Generation:
                     len(text),
                 )
         finally:
-            rt.generation_ended(self)
+            backends.hub.close_local(plan.message_id)
+            if self.on_end is not None:
+                self.on_end(self)
             self.finished.set()
 
     async def _persist_final(self, content: str, done_seq: int, termination: Termination) -> bool:
         """Write the final record, retrying while the database is unreachable."""
         delay = 0.2
-        deadline = time.monotonic() + settings.STREAM_PERSIST_RETRY_SECONDS
+        deadline = time.monotonic() + streaming_settings.PERSIST_RETRY_SECONDS
         while True:
             started = time.monotonic()
             try:
@@ -394,10 +423,3 @@ class Generation:
                 log.warning("database unavailable for the final record; retrying")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-
-
-def launch(plan: SegmentPlan, runtime: Runtime) -> Generation:
-    generation = Generation(plan, runtime)
-    runtime.generation_started(generation)
-    generation.start()
-    return generation

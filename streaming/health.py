@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
-from streaming.runtime import get_runtime
+from streaming import selectors
 
 CHECK_TIMEOUT = 2.0
 OK = "ok"
@@ -78,7 +78,7 @@ async def _database() -> None:
 
 
 async def _engine() -> None:
-    if not await get_runtime().engine.health():
+    if not await selectors.engine_healthy():
         raise ConnectionError("the engine's health check did not answer 200")
 
 
@@ -95,15 +95,14 @@ async def _check(check: Awaitable[object]) -> str:
 
 
 async def readyz(request: HttpRequest) -> JsonResponse:
-    runtime = get_runtime()
     checks: dict[str, Awaitable[object]] = {
         "database": _database(),
         "engine": _engine(),
     }
     if settings.REDIS_URL:
-        checks["redis"] = runtime.log.ping()
+        checks["redis"] = selectors.ping_backends()
     results = dict(zip(checks, await asyncio.gather(*map(_check, checks.values())), strict=True))
-    if not runtime.accepting:
+    if not selectors.accepting():
         results["process"] = "draining after SIGTERM"
     down = sorted(name for name, result in results.items() if result != OK)
     body: dict[str, object] = {"status": "unavailable" if down else OK, "checks": results}

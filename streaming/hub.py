@@ -27,8 +27,8 @@ from streaming.streamlog import StreamLog
 
 # Events kept in a topic beyond what attached readers still need, for quick resumes.
 TAIL_EVENTS = 32
-# A topic never holds more than this: a reader further behind reads back from the log, so a
-# stalled client cannot pin a whole answer in this process's memory.
+# The default bound of a topic (``STREAMING["HUB_MAX_EVENTS"]``): a reader further behind
+# reads back from the log, so a stalled client cannot pin a whole answer in memory.
 MAX_TOPIC_EVENTS = 512
 
 
@@ -40,12 +40,14 @@ class Topic:
         "first_seq",
         "follower",
         "local",
+        "max_events",
         "message_id",
         "waiters",
     )
 
-    def __init__(self, message_id: str) -> None:
+    def __init__(self, message_id: str, max_events: int = MAX_TOPIC_EVENTS) -> None:
         self.message_id = message_id
+        self.max_events = max_events
         self.events: list[Event] = []
         self.waiters: list[asyncio.Future[bool]] = []
         self.cursors: dict[int, int] = {}
@@ -99,8 +101,8 @@ class Topic:
         keep_from = self.events[-TAIL_EVENTS]["seq"]
         if self.cursors:
             keep_from = min(keep_from, min(self.cursors.values()) + 1)
-        if len(self.events) > MAX_TOPIC_EVENTS:
-            keep_from = max(keep_from, self.events[-MAX_TOPIC_EVENTS]["seq"])
+        if len(self.events) > self.max_events:
+            keep_from = max(keep_from, self.events[-self.max_events]["seq"])
         drop = 0
         for event in self.events:
             if event["seq"] >= keep_from:
@@ -152,16 +154,21 @@ class _IdleClock:
 
 
 class Hub:
-    def __init__(self, log: StreamLog) -> None:
+    def __init__(self, log: StreamLog, max_events: int = MAX_TOPIC_EVENTS) -> None:
         self.log = log
+        self.max_events = max_events
         self.topics: dict[str, Topic] = {}
         self._ids = itertools.count()
 
-    # --- the generating side --------------------------------------------------------
-    def open_local(self, message_id: str, first_seq: int) -> Topic:
+    def _topic(self, message_id: str) -> Topic:
         topic = self.topics.get(message_id)
         if topic is None:
-            topic = self.topics[message_id] = Topic(message_id)
+            topic = self.topics[message_id] = Topic(message_id, self.max_events)
+        return topic
+
+    # --- the generating side --------------------------------------------------------
+    def open_local(self, message_id: str, first_seq: int) -> Topic:
+        topic = self._topic(message_id)
         if topic.follower is not None:
             topic.follower.cancel()
             topic.follower = None
@@ -186,6 +193,11 @@ class Hub:
         self._release(topic)
 
     # --- the reading side -----------------------------------------------------------
+    def newer_than(self, message_id: str, seq: int) -> list[Event]:
+        """The events after ``seq`` this process holds now (no log read, no wait)."""
+        topic = self.topics.get(message_id)
+        return topic.after(seq) if topic is not None else []
+
     async def read(
         self, message_id: str, after: int, idle_timeout: float | None = None
     ) -> AsyncIterator[list[Event] | None]:
@@ -194,9 +206,7 @@ class Hub:
         Yields ``None`` when nothing arrived for ``idle_timeout`` seconds, so transports
         can send keep-alives without a timer of their own.
         """
-        topic = self.topics.get(message_id)
-        if topic is None:
-            topic = self.topics[message_id] = Topic(message_id)
+        topic = self._topic(message_id)
         reader = next(self._ids)
         topic.cursors[reader] = after
         cursor = after
@@ -269,10 +279,3 @@ class Hub:
             topic.follower.cancel()
         if self.topics.get(topic.message_id) is topic:
             del self.topics[topic.message_id]
-
-    async def aclose(self) -> None:
-        for topic in list(self.topics.values()):
-            if topic.follower is not None:
-                topic.follower.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await topic.follower

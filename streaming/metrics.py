@@ -163,6 +163,13 @@ PERSIST_LATENCY = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 REAPED = Counter("chat_reaped_segments_total", "Segments finalised by a reaper.")
+SERVER_HOOKS = Gauge(
+    "chat_server_hooks_available",
+    "1 while a hook into the server works in every live process, 0 once one process found "
+    "it unavailable: 'send_buffer' (the per-connection memory bound) or 'write_through'.",
+    ["hook"],
+    multiprocess_mode="livemin",
+)
 
 # Error types kept as label values; anything else (a remote server's own type strings are
 # unbounded) is counted as "other".

@@ -13,23 +13,23 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie
 
-from streaming.runtime import get_runtime
+from streaming import selectors
+from streaming.conf import streaming_settings
 
 
 @login_required
 @ensure_csrf_cookie
 async def chat(request: HttpRequest) -> HttpResponse:
     user = await request.auser()
-    runtime = get_runtime()
     config = {
         "username": user.get_username(),
         # The generation settings panel offers simulator knobs only when they are accepted.
-        "simulation": runtime.engine.accepts_simulation,
+        "simulation": selectors.accepts_simulation(),
         "maxTokensCap": settings.MAX_TOKENS_CAP,
         "defaultMaxTokens": settings.DEFAULT_MAX_TOKENS,
         # "No tokens for N seconds" names the server's stall timeout.
-        "stallTimeout": settings.STREAM_STALL_TIMEOUT,
+        "stallTimeout": streaming_settings.STALL_TIMEOUT,
         # A WebSocket silent for longer than a few heartbeats is treated as lost.
-        "pingInterval": settings.STREAM_PING_INTERVAL,
+        "pingInterval": streaming_settings.PING_INTERVAL,
     }
     return render(request, "chat/index.html", {"config": config, "username": config["username"]})

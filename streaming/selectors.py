@@ -1,16 +1,52 @@
-"""Reads: what a user may see, looked up through the user (another user's id -> NotFound)."""
+"""Reads: what a user may see, looked up through the user (another user's id -> NotFound).
+
+Selectors never write; the services (writes) use the lookups here. Reading a stream is
+the read service's (``streaming.reading``); ``subscription`` hands a transport a reader
+built on this process's parts.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
 from streaming import database
 from streaming.auth import resolve_user
+from streaming.engines.base import EngineError, ModelInfo
+from streaming.errors import NotFound
 from streaming.models import Conversation, Message
-from streaming.services import NotFound, conversation_for, message_for
-from streaming.transports.subscription import MessageState
+from streaming.reading import MessageState, SendBuffer, Subscription
+from streaming.runtime import get_runtime
+
+# A malformed id is just an id that names nothing (ValidationError for bad UUIDs).
+_NOTHING = (ValidationError, ValueError, TypeError)
+
+
+def conversation_for(user: Any, conversation_id: Any, *, lock: bool = False) -> Conversation:
+    """``lock`` (inside a write's transaction): the conversation's row and its owner's
+    (the per-user limit counts under the owner's), in the same query."""
+    queryset = Conversation.objects.filter(owner=user)
+    if lock:
+        queryset = queryset.select_related("owner").select_for_update(of=("self", "owner"))
+    try:
+        return queryset.get(id=conversation_id)
+    except (Conversation.DoesNotExist, *_NOTHING):
+        raise NotFound("conversation not found") from None
+
+
+def message_for(user: Any, message_id: Any, *, lock: bool = False) -> Message:
+    """``lock``: the message's row and its owner's (as ``conversation_for``)."""
+    queryset = Message.objects.filter(conversation__owner=user).select_related("conversation")
+    if lock:
+        queryset = queryset.select_related("conversation__owner").select_for_update(
+            of=("self", "conversation__owner")
+        )
+    try:
+        return queryset.get(id=message_id)
+    except (Message.DoesNotExist, *_NOTHING):
+        raise NotFound("message not found") from None
 
 
 def conversations_of(user: Any) -> QuerySet[Conversation]:
@@ -48,3 +84,48 @@ async def reader_state(scope: dict[str, Any], message_id: Any) -> tuple[Any, Mes
     when it is not, or they are not authenticated): one database trip for both, since
     opening a stream is on the path of every answer's first token."""
     return await database.run(_reader, scope, message_id)
+
+
+def subscription(
+    state: MessageState, after: int, transport: str, send_buffer: SendBuffer | None = None
+) -> Subscription:
+    """A reader of ``state``'s message from ``after``, for a transport to frame."""
+    return get_runtime().subscription(state, after, transport, send_buffer)
+
+
+def accepts_simulation() -> bool:
+    """Whether the engine takes ``params.simulation`` (the simulated engine does)."""
+    return get_runtime().engine.accepts_simulation
+
+
+async def engine_models() -> list[ModelInfo]:
+    """The models the engine serves (raises ``EngineError`` when it cannot say)."""
+    return await get_runtime().engine.models()
+
+
+async def served_models() -> set[str]:
+    """The model names a request may ask for: the configured one, else what the engine
+    lists (empty when it cannot be reached)."""
+    engine = get_runtime().engine
+    if engine.model:
+        return {engine.model}
+    try:
+        return {m.id for m in await engine.models()}
+    except EngineError:
+        return set()
+
+
+async def engine_healthy() -> bool:
+    return await get_runtime().engine.health()
+
+
+async def ping_backends() -> None:
+    """Raise if the stream log or presence backend is unreachable."""
+    runtime = get_runtime()
+    await runtime.log.ping()
+    await runtime.presence.ping()
+
+
+def accepting() -> bool:
+    """False while this process drains after SIGTERM."""
+    return get_runtime().accepting

@@ -9,58 +9,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connections, transaction
+from django.db.models import QuerySet
 
 from streaming import database
+from streaming.conf import streaming_settings
 from streaming.engines.base import ChatTurn, EngineRequest
+from streaming.errors import (
+    Conflict,
+    InvalidParams,
+    ServiceError,
+    ShuttingDown,
+    TooManyGenerations,
+)
 from streaming.generation import Generation, SegmentPlan
 from streaming.models import Conversation, Message, Segment
-from streaming.params import validate_params
-from streaming.runtime import Runtime, get_runtime
+from streaming.params import ParamError, validate_params
+from streaming.runtime import get_runtime
+from streaming.selectors import conversation_for, message_for
 from streaming.termination import NATURAL_ENDS, Status
 from streaming.worker import WORKER_ID
 
-
-class ServiceError(Exception):
-    status = 400
-    code = "invalid"
-
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.field = field
-
-
-class NotFound(ServiceError):
-    status = 404
-    code = "not_found"
-
-
-class Conflict(ServiceError):
-    status = 409
-    code = "conflict"
-
-
-class TooManyGenerations(ServiceError):
-    status = 429
-    code = "too_many_generations"
-    retry_after = 5
-
-
-class ShuttingDown(ServiceError):
-    status = 503
-    code = "shutting_down"
-    retry_after = 2
-
-
-class InvalidParams(ServiceError):
-    status = 400
-    code = "invalid_params"
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -70,30 +46,14 @@ class Exchange:
     generation: Generation
 
 
-def conversation_for(user: Any, conversation_id: Any, *, lock: bool = False) -> Conversation:
-    """``lock``: the conversation's row and its owner's (``_check_capacity`` counts under
-    the owner's), in the same query."""
-    queryset = Conversation.objects.filter(owner=user)
-    if lock:
-        queryset = queryset.select_related("owner").select_for_update(of=("self", "owner"))
-    try:
-        return queryset.get(id=conversation_id)
-    # A malformed id is just an id that names nothing (ValidationError for bad UUIDs).
-    except (Conversation.DoesNotExist, ValidationError, ValueError, TypeError):
-        raise NotFound("conversation not found") from None
+def call(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run an async service from a request thread (a DRF view, the admin) and wait for it.
 
-
-def message_for(user: Any, message_id: Any, *, lock: bool = False) -> Message:
-    """``lock``: the message's row and its owner's (as ``conversation_for``)."""
-    queryset = Message.objects.filter(conversation__owner=user).select_related("conversation")
-    if lock:
-        queryset = queryset.select_related("conversation__owner").select_for_update(
-            of=("self", "conversation__owner")
-        )
-    try:
-        return queryset.get(id=message_id)
-    except (Message.DoesNotExist, ValidationError, ValueError, TypeError):
-        raise NotFound("message not found") from None
+    This thread's database connection goes back to the pool first: the service's own
+    database calls run in other threads and need connections too, so request threads
+    holding theirs while they wait would exhaust the pool under concurrent requests."""
+    connections.close_all()
+    return get_runtime().call(fn(*args, **kwargs))  # type: ignore[arg-type]
 
 
 def _turns(conversation: Conversation, messages: list[Message]) -> list[ChatTurn]:
@@ -208,17 +168,19 @@ def _validate_content(content: Any) -> str:
     return content
 
 
-def clean_params(raw: Any, runtime: Runtime) -> dict[str, Any]:
-    from streaming.params import ParamError
-
+def clean_params(raw: Any) -> dict[str, Any]:
     try:
-        return validate_params(raw, accepts_simulation=runtime.engine.accepts_simulation)
+        return validate_params(raw, accepts_simulation=get_runtime().engine.accepts_simulation)
     except ParamError as exc:
         raise InvalidParams(exc.message, field=exc.field) from None
 
 
+def _accepting() -> None:
+    if not get_runtime().accepting:
+        raise ShuttingDown("this server is shutting down; retry")
+
+
 def create_exchange(
-    runtime: Runtime,
     user: Any,
     conversation_id: Any,
     content: Any,
@@ -230,14 +192,14 @@ def create_exchange(
     """Create the user message and the streaming assistant message, and start the answer.
 
     Synchronous, for the thread that already holds a database connection (a REST
-    request's): the rows are written here and only the start hops onto ``runtime``'s
+    request's): the rows are written here and only the start hops onto the runtime's
     event loop, which does no database work for it, so a request thread never waits on
     a database thread (nor holds a connection another call needs).
     """
-    if not runtime.accepting:
-        raise ShuttingDown("this server is shutting down; retry")
+    _accepting()
+    runtime = get_runtime()
     content = _validate_content(content)
-    params = clean_params(raw_params, runtime)
+    params = clean_params(raw_params)
     user_message, assistant, plan = _create_exchange(
         user,
         conversation_id,
@@ -260,11 +222,8 @@ async def post_message(
     abandon_grace: float | None = None,
 ) -> Exchange:
     """``create_exchange`` for async callers: one trip to a database thread."""
-    runtime = get_runtime()
-    await runtime.ensure_started()
     return await database.run(
         create_exchange,
-        runtime,
         user,
         conversation_id,
         content,
@@ -321,24 +280,24 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
     return message, plan
 
 
-def create_continuation(runtime: Runtime, user: Any, message_id: Any) -> Exchange:
+def create_continuation(user: Any, message_id: Any) -> Exchange:
     """Append a new segment to a cut-off assistant message and start streaming it on the
     same id (synchronous, like ``create_exchange``)."""
-    if not runtime.accepting:
-        raise ShuttingDown("this server is shutting down; retry")
+    _accepting()
     message, plan = _create_continuation(user, message_id)
-    return Exchange(None, message, runtime.launch_threadsafe(plan))
+    return Exchange(None, message, get_runtime().launch_threadsafe(plan))
 
 
 async def continue_message(user: Any, message_id: Any) -> Exchange:
     """``create_continuation`` for async callers."""
-    runtime = get_runtime()
-    await runtime.ensure_started()
-    return await database.run(create_continuation, runtime, user, message_id)
+    return await database.run(create_continuation, user, message_id)
 
 
-async def continue_interrupted(runtime: Runtime, message_id: str) -> None:
-    """Automatic Continue after a reaped interruption (``STREAM_AUTO_CONTINUE_INTERRUPTED``)."""
+async def continue_interrupted(message_id: str, **kwargs: Any) -> None:
+    """Continue an answer the reaper found interrupted, when ``AUTO_CONTINUE_INTERRUPTED``
+    (the receiver of ``signals.answer_interrupted``)."""
+    if not streaming_settings.AUTO_CONTINUE_INTERRUPTED:
+        return
     owner = await database.run(
         lambda: (
             Message.objects.select_related("conversation__owner")
@@ -355,39 +314,57 @@ async def cancel_message(user: Any, message_id: Any, *, wait: float = 5.0) -> Me
     message = await database.run(message_for, user, message_id)
     if message.status != Status.STREAMING:
         return message
-    runtime = get_runtime()
-    await runtime.ensure_started()
-    await runtime.cancel(str(message.id), "cancelled")
-    with contextlib.suppress(TimeoutError):
-        await wait_until_ended(str(message.id), wait)
+    await stop_answers([str(message.id)], wait=wait)
     return await database.run(message_for, user, message_id)
 
 
 async def wait_until_ended(message_id: str, limit: float | None = None) -> None:
-    """Follow the message's log until its ``done`` (the generating process may be remote)."""
+    """Return when the message's current segment has ended (the generating process may
+    be remote), or after ``limit`` seconds."""
+    await get_runtime().wait_until_ended(message_id, limit)
+
+
+async def stop_answers(
+    message_ids: list[str], *, reason: str = Status.CANCELLED.value, wait: float | None = None
+) -> None:
+    """End each message's generation wherever it runs; wait up to ``wait`` seconds
+    (``STOP_WAIT`` by default) for their ends. For callers that checked who may stop them
+    (the owner through ``message_for``, an operator through the admin's permission)."""
     runtime = get_runtime()
-    generation = runtime.generations.get(message_id)
-    if generation is not None:
-        await asyncio.wait_for(generation.finished.wait(), limit)
-        return
-    last, status = await database.run(
-        lambda: Message.objects.values_list("last_seq", "status").get(id=message_id)
-    )
-    if status != Status.STREAMING:
-        return
-    try:
-        async with asyncio.timeout(limit):
-            async for batch in runtime.hub.read(message_id, last):
-                if batch and batch[-1]["type"] == "done":
-                    return
-    except TimeoutError:
-        return
+    limit = streaming_settings.STOP_WAIT if wait is None else wait
+    for message_id in message_ids:
+        await runtime.cancel(message_id, reason)
+    if limit > 0 and message_ids:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(limit):
+                await asyncio.gather(*(runtime.wait_until_ended(m, limit) for m in message_ids))
 
 
-def delete_conversation(user: Any, conversation_id: Any) -> list[str]:
-    """Delete a conversation; returns the message ids whose logs should be dropped."""
+def delete_conversation(user: Any, conversation_id: Any) -> None:
+    """Delete one of the user's conversations (``NotFound`` if it is not theirs)."""
+    conversation = conversation_for(user, conversation_id)
+    delete_conversations(Conversation.objects.filter(pk=conversation.pk))
+
+
+def delete_conversations(conversations: QuerySet[Conversation]) -> None:
+    """Stop the conversations' running answers, then delete them with their messages and
+    logs, the logs last so that no late append recreates one. Synchronous, for request
+    threads; the caller decided who may delete ``conversations``."""
+    ids = list(conversations.values_list("pk", flat=True))
+    messages = Message.objects.filter(conversation__in=ids)
+    running = [
+        str(i) for i in messages.filter(status=Status.STREAMING).values_list("id", flat=True)
+    ]
+    if running:
+        call(stop_answers, running)
+    message_ids = [str(i) for i in messages.values_list("id", flat=True)]
     with transaction.atomic():
-        conversation = conversation_for(user, conversation_id, lock=True)
-        ids = [str(i) for i in conversation.messages.values_list("id", flat=True)]
-        conversation.delete()
-    return ids
+        Conversation.objects.filter(pk__in=ids).delete()
+    if message_ids:
+        call(_drop_logs, message_ids)
+
+
+async def _drop_logs(message_ids: list[str]) -> None:
+    log = get_runtime().log
+    for message_id in message_ids:
+        await log.delete(message_id)

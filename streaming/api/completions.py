@@ -11,15 +11,14 @@ per merged delta, the finish chunk (and the usage chunk when asked) at ``done``,
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from streaming import events
 from streaming.engines.base import ChatTurn
-from streaming.errors import error_body
-from streaming.services import InvalidParams, NotFound, ServiceError
+from streaming.errors import InvalidParams, NotFound, ServiceError, error_body
 from streaming.termination import Status
+from streaming.transports import eventstream
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Our generation params, under their OpenAI names (``max_completion_tokens`` wins).
@@ -45,8 +44,6 @@ OPENAI_TYPES = {
     413: "invalid_request_error",
     429: "rate_limit_error",
 }
-
-DONE_FRAME = b"data: [DONE]\n\n"
 
 
 class ModelNotFound(NotFound):
@@ -189,10 +186,6 @@ def termination_error(termination: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _data(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-
-
 class ChunkStream:
     """Renders one message's events as OpenAI stream frames (bytes)."""
 
@@ -223,7 +216,7 @@ class ChunkStream:
         if self.role_sent:
             return b""
         self.role_sent = True
-        return _data(self._chunk({"role": "assistant", "content": ""}))
+        return eventstream.data(self._chunk({"role": "assistant", "content": ""}))
 
     def frames(self, batch: list[events.Event]) -> bytes:
         out = bytearray()
@@ -233,7 +226,7 @@ class ChunkStream:
                 out += self._role()
             elif kind == events.DELTA and event["text"]:
                 out += self._role()
-                out += _data(self._chunk({"content": event["text"]}))
+                out += eventstream.data(self._chunk({"content": event["text"]}))
             elif kind == events.ERROR:
                 out += self.error(event["error"])
             elif kind == events.DONE:
@@ -244,7 +237,7 @@ class ChunkStream:
         if self.error_sent:
             return b""
         self.error_sent = True
-        return _data({"error": error})
+        return eventstream.data({"error": error})
 
     def _done(self, done: events.Event) -> bytes:
         out = bytearray(self._role())
@@ -252,13 +245,13 @@ class ChunkStream:
         if status in FAILED:
             out += self.error(termination_error(done))
         elif not self.error_sent:
-            out += _data(self._chunk({}, FINISH_REASONS.get(status, "stop")))
+            out += eventstream.data(self._chunk({}, FINISH_REASONS.get(status, "stop")))
             if self.include_usage:
                 usage = self._chunk({})
                 usage["choices"] = []
                 usage["usage"] = usage_of(done)
-                out += _data(usage)
-        out += DONE_FRAME
+                out += eventstream.data(usage)
+        out += eventstream.DONE
         self.finished = True
         return bytes(out)
 

@@ -1,4 +1,4 @@
-"""The one error shape (``streaming.errors``) for the API, whoever raises the error.
+"""The one error shape (``streaming.errors``) for the REST API, whoever raises the error.
 
 ``exception_handler`` covers everything DRF views raise. The ``handler*`` views cover what
 Django answers before or outside a view (an unknown ``/api/`` URL, an uncaught exception):
@@ -16,8 +16,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
-from streaming.errors import error_body
-from streaming.services import ServiceError
+from streaming.errors import ServiceError, describe, error_body, headers_of
 
 CODES = {
     400: "invalid",
@@ -54,14 +53,7 @@ def _first_field_error(detail: Any, prefix: str = "") -> tuple[str | None, str]:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ServiceError):
-        headers = {}
-        if hasattr(exc, "retry_after"):
-            headers["Retry-After"] = str(exc.retry_after)
-        return Response(
-            error_body(exc.status, exc.code, exc.message, exc.field),
-            status=exc.status,
-            headers=headers,
-        )
+        return Response({"error": describe(exc)}, status=exc.status, headers=headers_of(exc))
     if isinstance(exc, Http404):
         exc = exceptions.NotFound("not found")
     response = drf_handler(exc, context)

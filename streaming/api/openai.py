@@ -21,9 +21,7 @@ import logging
 import time
 from typing import Any
 
-from django.conf import settings
-
-from streaming import database, services
+from streaming import database, selectors, services
 from streaming.api.completions import (
     FAILED,
     ChunkStream,
@@ -36,23 +34,19 @@ from streaming.api.completions import (
 )
 from streaming.api.parsers import InvalidBody, body_limit, decode_json_body, too_large_detail
 from streaming.auth import authenticate, header
+from streaming.conf import streaming_settings
 from streaming.engines.base import EngineError
+from streaming.errors import ServiceError, headers_of
 from streaming.logcontext import stream_context
-from streaming.runtime import Runtime, get_runtime
+from streaming.reading import MessageState, SlowConsumer, Subscription
 from streaming.termination import Status
-from streaming.transports.flow import SendBuffer
-from streaming.transports.subscription import MessageState, SlowConsumer, Subscription
+from streaming.transports import eventstream
+from streaming.transports.daphne import SendBuffer
 from streaming.transports.tasked import TaskedHttpConsumer
 
 log = logging.getLogger(__name__)
 
 JSON = (b"content-type", b"application/json")
-STREAM_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache, no-store, no-transform"),
-    (b"x-accel-buffering", b"no"),
-    (b"content-encoding", b"identity"),
-]
 UNAUTHENTICATED = "a valid `Authorization: Bearer <API token>` header is required"
 
 
@@ -125,9 +119,8 @@ class ModelsConsumer(OpenAIConsumer):
     """``GET /v1/models``: the model the engine serves."""
 
     async def respond(self, user: Any, body: bytes) -> None:
-        runtime = get_runtime()
         try:
-            models = await runtime.engine.models()
+            models = await selectors.engine_models()
         except EngineError as exc:
             await self.error(502, "engine_unavailable", exc.message)
             return
@@ -150,15 +143,12 @@ class ChatCompletionsConsumer(OpenAIConsumer):
         except InvalidBody as exc:
             await self.error(400, "invalid_body", str(exc))
             return
-        runtime = get_runtime()
         request: CompletionRequest | None = None
         try:
-            request = parse_request(document, await served_models(runtime))
+            request = parse_request(document, await selectors.served_models())
             exchange = await self.post(user, request)
-        except services.ServiceError as exc:
-            headers = []
-            if hasattr(exc, "retry_after"):
-                headers.append((b"retry-after", str(exc.retry_after).encode()))
+        except ServiceError as exc:
+            headers = [(k.lower().encode(), v.encode()) for k, v in headers_of(exc).items()]
             last = request.last_index if request is not None else None
             await self.reply(exc.status, service_error_document(exc, last), headers)
             return
@@ -169,7 +159,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
             (b"x-message-id", message_id.encode()),
         ]
         state = MessageState(message_id, Status.STREAMING.value, 0, "", {})
-        subscription = Subscription(runtime, state, 0, "openai", SendBuffer(self.base_send))
+        subscription = selectors.subscription(state, 0, "openai", SendBuffer(self.base_send))
         completion_id = f"chatcmpl-{message_id}"
         created = int(time.time())
         with stream_context(message_id):
@@ -185,7 +175,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
                 if subscription.ended_status is None:
                     # Gone before the end (or never attached as a reader): nobody will read
                     # this answer, so stop paying for it.
-                    await runtime.cancel(message_id, Status.ABANDONED.value)
+                    await services.stop_answers([message_id], reason=Status.ABANDONED, wait=0)
 
     async def post(self, user: Any, request: CompletionRequest) -> services.Exchange:
         """Start the answer in the conversation named by ``X-Conversation-Id`` or a new one
@@ -204,7 +194,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
                 prior=request.prior,
                 abandon_grace=0,
             )
-        except services.ServiceError:
+        except ServiceError:
             if created is not None:
                 await database.run(services.delete_conversation, user, created.id)
             raise
@@ -216,11 +206,11 @@ class ChatCompletionsConsumer(OpenAIConsumer):
         ids: list[tuple[bytes, bytes]],
     ) -> None:
         self.replied = True
-        await self.send_headers(status=200, headers=STREAM_HEADERS + ids)
+        await self.send_headers(status=200, headers=eventstream.HEADERS + ids)
         try:
-            async for batch in subscription.frames(settings.STREAM_PING_INTERVAL):
+            async for batch in subscription.frames(streaming_settings.PING_INTERVAL):
                 if batch is None:
-                    await self.send_body(b": ping\n\n", more_body=True)
+                    await self.send_body(eventstream.PING, more_body=True)
                 else:
                     await self.send_body(chunks.frames(batch), more_body=True)
         except SlowConsumer as exc:
@@ -230,7 +220,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
             error = {"message": "internal server error", "type": "InternalError", "code": 500}
             await self.send_body(chunks.error(error), more_body=True)
         if not chunks.finished:
-            await self.send_body(b"data: [DONE]\n\n", more_body=True)
+            await self.send_body(eventstream.DONE, more_body=True)
         await self.send_body(b"", more_body=False)
 
     async def complete(
@@ -259,13 +249,3 @@ class ChatCompletionsConsumer(OpenAIConsumer):
             return
         document = completion(completion_id, model, created, "".join(parts), termination)
         await self.reply(200, document, ids)
-
-
-async def served_models(runtime: Runtime) -> set[str]:
-    engine = runtime.engine
-    if engine.model:
-        return {engine.model}
-    try:
-        return {m.id for m in await engine.models()}
-    except EngineError:
-        return set()

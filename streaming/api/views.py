@@ -2,17 +2,14 @@
 
 DRF views are synchronous (Daphne runs them in a worker thread). Creating a message or a
 continuation writes its rows in the request's thread and only then starts the generation
-on the process's event loop, where the generation tasks live; waiting and stopping hop
-onto the loop with ``async_to_sync``.
+on the process's event loop, where the generation tasks live; waiting and stopping are
+async services, run from here with ``services.call``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from django.db import connections
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status
@@ -36,13 +33,7 @@ from streaming.api.serializers import (
     MessageSerializer,
     PostMessageSerializer,
 )
-from streaming.api.stopping import drop_logs, stop_generations
 from streaming.models import Conversation, Message
-from streaming.runtime import current_runtime
-from streaming.termination import Status
-
-# How long deleting a conversation waits for its running answers to end before the rows go.
-DELETE_STOP_WAIT = 5.0
 
 ERRORS = {
     400: OpenApiResponse(ErrorSerializer, description="invalid request; `field` names it"),
@@ -52,15 +43,6 @@ ERRORS = {
     413: OpenApiResponse(ErrorSerializer, description="request body too large"),
 }
 WAIT = OpenApiParameter("wait", bool, description="block until the answer ends")
-
-
-def on_loop(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-    """``async_to_sync`` that first hands this thread's database connection back to the
-    pool: the coroutine's own database calls run in other threads and need connections
-    too, so request threads holding theirs while they wait would exhaust the pool under
-    concurrent requests (every create blocked until the pool's timeout)."""
-    connections.close_all()
-    return async_to_sync(fn)
 
 
 class JSONView(APIView):
@@ -112,17 +94,7 @@ class ConversationDetail(JSONView, generics.RetrieveUpdateDestroyAPIView):
     @extend_schema(responses={204: None, **ERRORS})
     def delete(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Stop the conversation's running answers, then delete it, its messages and logs."""
-        conversation_id = kwargs["conversation_id"]
-        running = [
-            str(i)
-            for i in selectors.messages_of(request.user, conversation_id)
-            .filter(status=Status.STREAMING)
-            .values_list("id", flat=True)
-        ]
-        if running:
-            on_loop(stop_generations)(running, wait=DELETE_STOP_WAIT)
-        ids = services.delete_conversation(request.user, conversation_id)
-        on_loop(drop_logs)(ids)
+        services.delete_conversation(request.user, kwargs["conversation_id"])
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -136,7 +108,7 @@ def _wants_wait(request: Request) -> bool:
 
 
 def _message_data(request: Request, message_id: Any) -> dict[str, Any]:
-    message = services.message_for(request.user, message_id)
+    message = selectors.message_for(request.user, message_id)
     return MessageSerializer(message, context={"request": request}).data
 
 
@@ -165,7 +137,6 @@ class ConversationMessages(JSONView, generics.ListAPIView):
         body = PostMessageSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         exchange = services.create_exchange(
-            current_runtime(),
             request.user,
             conversation_id,
             body.validated_data["content"],
@@ -174,8 +145,8 @@ class ConversationMessages(JSONView, generics.ListAPIView):
         context = {"request": request}
         answer = exchange.assistant_message
         if wait:
-            on_loop(services.wait_until_ended)(str(answer.id))
-            answer = services.message_for(request.user, answer.id)
+            services.call(services.wait_until_ended, str(answer.id))
+            answer = selectors.message_for(request.user, answer.id)
         data = {
             "user_message": MessageSerializer(exchange.user_message, context=context).data,
             "message": MessageSerializer(answer, context=context).data,
@@ -194,7 +165,7 @@ class MessageCancel(JSONView):
     @extend_schema(request=None, responses={200: MessageSerializer, **ERRORS})
     def post(self, request: Request, message_id: Any) -> Response:
         """Stop the answer wherever it is generated; answers with its final state."""
-        message = on_loop(services.cancel_message)(request.user, message_id)
+        message = services.call(services.cancel_message, request.user, message_id)
         return Response(_message_data(request, message.id))
 
 
@@ -213,11 +184,11 @@ class MessageContinue(JSONView):
     def post(self, request: Request, message_id: Any) -> Response:
         """Append a segment to a cut-off answer; stream it from ``after``."""
         wait = _wants_wait(request)
-        exchange = services.create_continuation(current_runtime(), request.user, message_id)
+        exchange = services.create_continuation(request.user, message_id)
         message_id = str(exchange.assistant_message.id)
         code = status.HTTP_202_ACCEPTED
         if wait:
-            on_loop(services.wait_until_ended)(message_id)
+            services.call(services.wait_until_ended, message_id)
             code = status.HTTP_200_OK
         data = _message_data(request, message_id)
         data["after"] = exchange.generation.plan.first_seq - 1

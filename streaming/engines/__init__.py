@@ -1,24 +1,17 @@
-"""Engines: ``ENGINE_URL`` set selects the vLLM (OpenAI-compatible) client, unset the
-simulated engine, the way a setting picks a Django backend."""
+"""Engines, chosen by ``STREAMING["ENGINES"]`` the way ``CACHES`` chooses caches:
+``{"default": {"BACKEND": "streaming.engines.vllm.VLLMEngine", "LOCATION": url, ...}}``.
+The ``default`` engine answers every request."""
 
 from __future__ import annotations
 
-from django.conf import settings
-
+from streaming.conf import build_backend, streaming_settings
 from streaming.engines.base import Engine
 
 
-def build_engine() -> Engine:
-    if settings.ENGINE_URL:
-        from streaming.engines.vllm import VLLMEngine
-
-        return VLLMEngine(
-            settings.ENGINE_URL,
-            settings.ENGINE_MODEL,
-            api_key=settings.ENGINE_API_KEY,
-            connect_timeout=settings.ENGINE_CONNECT_TIMEOUT,
-            read_timeout=settings.STREAM_STALL_TIMEOUT,
-        )
-    from streaming.engines.simulated import SimulatedEngine
-
-    return SimulatedEngine()
+def build_engines() -> dict[str, Engine]:
+    engines: dict[str, Engine] = {}
+    for name, config in streaming_settings.ENGINES.items():
+        engines[name] = build_backend(config)
+    if "default" not in engines:
+        raise ValueError('STREAMING["ENGINES"] needs a "default" engine')
+    return engines

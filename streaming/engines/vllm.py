@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource, SSEError
 
+from streaming.conf import streaming_settings
+
 from .base import (
     EngineChunk,
     EngineError,
@@ -68,15 +70,19 @@ class VLLMEngine:
 
     def __init__(
         self,
-        base_url: str,
-        model: str,
+        location: str,
+        model: str = "",
         *,
         api_key: str | None = None,
         connect_timeout: float = 5.0,
-        read_timeout: float = 30.0,
+        read_timeout: float | None = None,
         max_connections: int = 1000,
     ) -> None:
-        root = base_url.rstrip("/")
+        """``location``: the server's base URL; ``read_timeout`` defaults to the stall
+        timeout (``STREAMING["STALL_TIMEOUT"]``)."""
+        if read_timeout is None:
+            read_timeout = streaming_settings.STALL_TIMEOUT
+        root = location.rstrip("/")
         if root.endswith("/v1"):
             root = root[: -len("/v1")]
         self.base_url = root

@@ -2,7 +2,7 @@
 
 Like Django's LocMemCache it is complete but private to its process: resume works across
 reconnects to the same process, not across processes. Finished logs are kept for
-``STREAM_LOG_TTL`` seconds and at most ``max_messages`` of them.
+``LOG_TTL`` seconds and at most ``max_messages`` of them.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 
-from django.conf import settings
-
+from streaming.conf import streaming_settings
 from streaming.events import DONE, Event
 from streaming.streamlog.base import SeqConflict, StreamLog
 
@@ -90,7 +89,7 @@ class MemoryStreamLog(StreamLog):
     async def finish(self, message_id: str) -> None:
         entry = self._entry(message_id)
         if entry is not None:
-            entry.expires_at = time.time() + settings.STREAM_LOG_TTL
+            entry.expires_at = time.time() + streaming_settings.LOG_TTL
 
     async def delete(self, message_id: str) -> None:
         self._entries.pop(message_id, None)

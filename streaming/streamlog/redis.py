@@ -26,26 +26,18 @@ import logging
 from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
-from django.conf import settings
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from streaming.conf import streaming_settings
 from streaming.events import DONE, START, Event, dumps
 from streaming.streamlog.base import SeqConflict, StreamLog
 
 KEY_PREFIX = "chat:log:"
-# Followers block this long per XREAD before re-checking; short enough to notice a
-# stream deleted under them, long enough to cost nothing when idle.
-FOLLOW_BLOCK_MS = 5_000
-# How long an append waits for an unreachable Redis before its generation gets the error.
-UNAVAILABLE_RETRY_SECONDS = 60.0
 RETRY_FIRST_DELAY = 0.05
 RETRY_MAX_DELAY = 1.0
 UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
-# Seconds a pipeline collects appends before it is sent: a few ms of latency per token for
-# a several-fold cut in pipelines per second under load.
-GROUP_COMMIT_WINDOW = 0.002
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +79,37 @@ def _decode(entries: list) -> list[Event]:
 
 
 class RedisStreamLog(StreamLog):
-    def __init__(self, url: str) -> None:
-        self._url = url
+    """Options (``STREAMING["LOG"]``): ``LOCATION`` (the Redis URL); ``FOLLOW_BLOCK_MS``,
+    how long a follower blocks per ``XREAD`` before re-checking (short enough to notice a
+    stream deleted under it, long enough to cost nothing when idle);
+    ``GROUP_COMMIT_WINDOW``, seconds a pipeline collects appends before it is sent (a few
+    ms of latency per token for a several-fold cut in pipelines per second under load);
+    ``UNAVAILABLE_RETRY_SECONDS``, how long an append waits for an unreachable Redis
+    before its generation gets the error; ``MAX_CONNECTIONS``, the pool's bound."""
+
+    def __init__(
+        self,
+        location: str,
+        *,
+        follow_block_ms: int = 5_000,
+        group_commit_window: float = 0.002,
+        unavailable_retry_seconds: float = 60.0,
+        max_connections: int = 4096,
+    ) -> None:
+        self._url = location
+        self.follow_block_ms = follow_block_ms
+        self.group_commit_window = group_commit_window
+        self.unavailable_retry_seconds = unavailable_retry_seconds
         # Appends and reads share one pool; each follower holds one connection while it
         # blocks, so the pool is sized for many concurrent cross-process followers.
         # The socket timeout must outlast a blocking XREAD (redis-py defaults to 5 s, which
-        # equals FOLLOW_BLOCK_MS and would turn idle follows into timeouts).
+        # equals the default block and would turn idle follows into timeouts).
         self._redis = aioredis.Redis.from_url(
-            url,
-            max_connections=4096,
+            location,
+            max_connections=max_connections,
             health_check_interval=30,
             socket_keepalive=True,
-            socket_timeout=FOLLOW_BLOCK_MS / 1000 + 10,
+            socket_timeout=follow_block_ms / 1000 + 10,
             socket_connect_timeout=5,
         )
         self._append = self._redis.register_script(APPEND_SCRIPT)
@@ -114,7 +125,7 @@ class RedisStreamLog(StreamLog):
 
     async def _flush_loop(self) -> None:
         while self._queue:
-            await asyncio.sleep(GROUP_COMMIT_WINDOW)
+            await asyncio.sleep(self.group_commit_window)
             batch, self._queue = self._queue, []
             try:
                 results = await self._send_until_reachable(batch)
@@ -135,7 +146,7 @@ class RedisStreamLog(StreamLog):
         self, batch: list[tuple[str, list[Event], asyncio.Future[None]]]
     ) -> list[Exception | None]:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + UNAVAILABLE_RETRY_SECONDS
+        deadline = loop.time() + self.unavailable_retry_seconds
         delay = RETRY_FIRST_DELAY
         retry = False
         while True:
@@ -168,7 +179,7 @@ class RedisStreamLog(StreamLog):
                 entries += (_entry_id(event["seq"]), dumps(event))
             spans.append(len(events))
         # A live log outlives any generation; a finished one is kept for resumes.
-        ttl = settings.STREAM_LOG_TTL
+        ttl = streaming_settings.LOG_TTL
         replies = await self._append(keys=keys, args=[ttl, ttl * 2, "".join(kinds), *entries])
         results: list[Exception | None] = []
         position = 0
@@ -199,7 +210,9 @@ class RedisStreamLog(StreamLog):
         delay = RETRY_FIRST_DELAY
         while True:
             try:
-                reply = await self._redis.xread({key: cursor}, block=FOLLOW_BLOCK_MS, count=1000)
+                reply = await self._redis.xread(
+                    {key: cursor}, block=self.follow_block_ms, count=1000
+                )
             except UNAVAILABLE:
                 await asyncio.sleep(delay)  # Redis restarting: keep the cursor, try again
                 delay = min(delay * 2, RETRY_MAX_DELAY)
@@ -219,7 +232,7 @@ class RedisStreamLog(StreamLog):
         return int(entries[0][0].split(b"-")[0]) if entries else 0
 
     async def finish(self, message_id: str) -> None:
-        await self._redis.expire(stream_key(message_id), settings.STREAM_LOG_TTL)
+        await self._redis.expire(stream_key(message_id), streaming_settings.LOG_TTL)
 
     async def delete(self, message_id: str) -> None:
         await self._redis.delete(stream_key(message_id))
@@ -229,8 +242,3 @@ class RedisStreamLog(StreamLog):
 
     async def close(self) -> None:
         await self._redis.aclose()
-
-    @property
-    def client(self) -> aioredis.Redis:
-        """The shared connection pool, for the presence registry and worker heartbeats."""
-        return self._redis

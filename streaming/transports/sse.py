@@ -17,47 +17,29 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from channels.exceptions import StopConsumer
-from django.conf import settings
 
-from streaming import events
+from streaming import selectors
 from streaming.auth import header
-from streaming.errors import error_bytes
+from streaming.conf import streaming_settings
+from streaming.errors import ServiceError, describe, error_bytes
 from streaming.logcontext import stream_context
-from streaming.runtime import get_runtime
-from streaming.selectors import reader_state
-from streaming.transports.flow import SendBuffer, innermost_send
-from streaming.transports.subscription import SlowConsumer, Subscription, has_more
+from streaming.reading import SlowConsumer, Subscription, has_more, parse_cursor
+from streaming.transports import eventstream
+from streaming.transports.daphne import SendBuffer, frame_send
 from streaming.transports.tasked import TaskedHttpConsumer
 
 log = logging.getLogger(__name__)
 
-STREAM_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache, no-store, no-transform"),
-    (b"x-accel-buffering", b"no"),
-    (b"content-encoding", b"identity"),
-    (b"vary", b"Authorization, Cookie"),
-]
+STREAM_HEADERS = [*eventstream.HEADERS, (b"vary", b"Authorization, Cookie")]
 
 
-class CursorError(ValueError):
-    pass
-
-
-def parse_cursor(scope: dict[str, Any]) -> int:
-    """``Last-Event-ID`` wins over ``?after=``; both must be non-negative integers."""
+def cursor_of(scope: dict[str, Any]) -> int:
+    """``Last-Event-ID`` wins over ``?after=``; an empty header falls back to the query."""
     raw = header(scope, b"last-event-id")
-    name = "Last-Event-ID"
-    if raw is None or raw.strip() == "":
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        values = query.get("after")
-        if not values:
-            return 0
-        raw, name = values[-1], "after"
-    raw = raw.strip()
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
-        raise CursorError(f"{name} must be a non-negative integer event id")
-    return int(raw)
+    if raw is not None and raw.strip():
+        return parse_cursor(raw, "Last-Event-ID", text=True)
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("after")
+    return parse_cursor(values[-1], "after", text=True) if values else 0
 
 
 class MessageStreamConsumer(TaskedHttpConsumer):
@@ -82,16 +64,18 @@ class MessageStreamConsumer(TaskedHttpConsumer):
         if scope["method"] != "GET":
             await self.error(405, "method_not_allowed", "use GET", [(b"allow", b"GET")])
             return False
-        user, state = await reader_state(scope, scope["url_route"]["kwargs"]["message_id"])
+        user, state = await selectors.reader_state(
+            scope, scope["url_route"]["kwargs"]["message_id"]
+        )
         if not user.is_authenticated:
             await self.error(
                 401, "not_authenticated", "authentication credentials were not provided"
             )
             return False
         try:
-            after = parse_cursor(scope)
-        except CursorError as exc:
-            await self.error(400, "invalid_cursor", str(exc))
+            after = cursor_of(scope)
+        except ServiceError as exc:
+            await self.error(**describe(exc))
             return False
         if state is None:
             await self.error(404, "not_found", "message not found")
@@ -99,22 +83,18 @@ class MessageStreamConsumer(TaskedHttpConsumer):
         if not has_more(state, after):
             await self.send_response(204, b"")
             return False
-        runtime = get_runtime()
-        await runtime.ensure_started()
         await self.send_headers(status=200, headers=STREAM_HEADERS)
-        await self.send_body(events.sse_retry(settings.STREAM_RETRY_MS), more_body=True)
-        subscription = Subscription(runtime, state, after, "sse", SendBuffer(self.base_send))
-        self.respond_in_task(
-            self.run(subscription, innermost_send(self.base_send) or self.base_send)
-        )
+        await self.send_body(eventstream.retry(streaming_settings.RETRY_MS), more_body=True)
+        subscription = selectors.subscription(state, after, "sse", SendBuffer(self.base_send))
+        self.respond_in_task(self.run(subscription, frame_send(self.base_send)))
         return True
 
     async def run(self, subscription: Subscription, send: Callable[..., Awaitable[None]]) -> None:
-        """``send`` is the server's own (``innermost_send``): frames skip the wrappers."""
+        """``send`` is the server's own (``frame_send``): frames skip the wrappers."""
         with stream_context(subscription.state.id):
             try:
-                async for batch in subscription.frames(settings.STREAM_PING_INTERVAL):
-                    body = events.SSE_PING if batch is None else events.sse_frames(batch)
+                async for batch in subscription.frames(streaming_settings.PING_INTERVAL):
+                    body = eventstream.PING if batch is None else eventstream.frames(batch)
                     await send({"type": "http.response.body", "body": body, "more_body": True})
             except SlowConsumer as exc:
                 log.info("closing a slow SSE client: %s", exc)
@@ -123,8 +103,13 @@ class MessageStreamConsumer(TaskedHttpConsumer):
             await self.send_body(b"", more_body=False)
 
     async def error(
-        self, status: int, code: str, message: str, extra: list[tuple[bytes, bytes]] | None = None
+        self,
+        status: int,
+        code: str,
+        message: str,
+        extra: list[tuple[bytes, bytes]] | None = None,
+        field: str | None = None,
     ) -> None:
-        body = error_bytes(status, code, message)
+        body = error_bytes(status, code, message, field)
         headers = [(b"content-type", b"application/json")] + (extra or [])
         await self.send_response(status, body, headers=headers)

@@ -21,21 +21,15 @@ import time
 from typing import Any
 
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.conf import settings
 
-from streaming import database, events
+from streaming import database, events, selectors
 from streaming.auth import resolve_user, user_for_token
+from streaming.conf import streaming_settings
+from streaming.errors import ServiceError, describe
 from streaming.logcontext import stream_context
-from streaming.runtime import get_runtime
-from streaming.selectors import message_state
-from streaming.services import ServiceError, cancel_message, continue_message, post_message
-from streaming.transports.flow import SendBuffer, innermost_send
-from streaming.transports.subscription import (
-    MessageState,
-    SlowConsumer,
-    Subscription,
-    has_more,
-)
+from streaming.reading import MessageState, SlowConsumer, Subscription, has_more, parse_cursor
+from streaming.services import cancel_message, continue_message, post_message
+from streaming.transports.daphne import SendBuffer, frame_send
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +61,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.subscriptions: dict[str, asyncio.Task[None]] = {}
         self.last_sent = time.monotonic()
         self.send_buffer = SendBuffer(self.base_send)
-        # Stream frames go straight to the server's send (see ``innermost_send``).
-        self.frame_send = innermost_send(self.base_send) or self.base_send
-        self.runtime = get_runtime()
-        await self.runtime.ensure_started()
+        # Stream frames go straight to the server's send (see ``frame_send``).
+        self.frame_send = frame_send(self.base_send)
         await self.accept()
         self.heartbeat = asyncio.create_task(self._heartbeat())
 
@@ -110,14 +102,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
                 }
             )
         except ServiceError as exc:
-            body: dict[str, Any] = {
-                "type": "error",
-                "code": exc.code,
-                "message": exc.message,
-                "status": exc.status,
-            }
-            if exc.field:
-                body["field"] = exc.field
+            body: dict[str, Any] = {"type": "error", **describe(exc)}
             if ref is not None:
                 body["ref"] = ref
             await self._send_json(body)
@@ -176,9 +161,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self._subscribe(message_id, 0, MessageState.of(exchange.assistant_message))
 
     async def on_subscribe(self, frame: dict[str, Any]) -> None:
-        after = frame.get("after", 0)
-        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-            raise FrameError("invalid_cursor", "after must be a non-negative integer")
+        after = parse_cursor(frame.get("after", 0), "after", text=False)
         await self._subscribe(self._message_id(frame), after)
 
     async def on_unsubscribe(self, frame: dict[str, Any]) -> None:
@@ -217,7 +200,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
     ) -> None:
         """``state``: the message as just created, when this socket created it."""
         if state is None:
-            state = await message_state(self.user, message_id)
+            state = await selectors.message_state(self.user, message_id)
         message_id = state.id
         old = self.subscriptions.pop(message_id, None)
         if old is not None:
@@ -229,7 +212,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         )
         if not has_more(state, after):
             return
-        subscription = Subscription(self.runtime, state, after, "ws", self.send_buffer)
+        subscription = selectors.subscription(state, after, "ws", self.send_buffer)
         task = asyncio.create_task(self._stream(subscription))
         self.subscriptions[message_id] = task
 
@@ -254,7 +237,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
                     del self.subscriptions[message_id]
 
     async def _heartbeat(self) -> None:
-        interval = settings.STREAM_PING_INTERVAL
+        interval = streaming_settings.PING_INTERVAL
         while True:
             await asyncio.sleep(max(interval - (time.monotonic() - self.last_sent), 0.05))
             if time.monotonic() - self.last_sent >= interval:

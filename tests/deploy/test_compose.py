@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from streaming.conf import environment_variables
 from tests.proxy.nginx import NginxServer, nginx_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +41,9 @@ SAFE_DEFAULTS = {
     "STREAM_PERSIST_RETRY_SECONDS",
     "STREAM_SEND_BUFFER_LIMIT",
     "STREAM_SLOW_CONSUMER_TIMEOUT",
+    "STREAM_SHUTDOWN_READER_FLUSH",
+    "STREAM_HUB_MAX_EVENTS",
+    "STREAM_STOP_WAIT",
     "DAPHNE_PING_INTERVAL",
     "DAPHNE_PING_TIMEOUT",
     "WEB_BIND",
@@ -191,7 +195,12 @@ def test_cpu_override_runs_the_web_tier_on_the_simulated_engine():
 
 
 def test_web_tier_gets_every_setting_the_app_reads(compose: dict[str, Any], web_env):
-    read = env_reads(SETTINGS) | env_reads(LAUNCHER) | {"PROMETHEUS_MULTIPROC_DIR"}
+    read = (
+        env_reads(SETTINGS)
+        | env_reads(LAUNCHER)
+        | environment_variables()
+        | {"PROMETHEUS_MULTIPROC_DIR"}
+    )
     assert {"DATABASE_URL", "STREAM_PING_INTERVAL", "WEB_PROCESSES"} <= read  # the scan works
     image_env = set(re.findall(r"^\s+([A-Z][A-Z0-9_]*)=", (ROOT / "Dockerfile").read_text(), re.M))
     unaccounted = read - set(web_env) - image_env - SAFE_DEFAULTS - TEST_ONLY

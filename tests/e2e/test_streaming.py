@@ -175,7 +175,7 @@ def test_dropped_connection_resumes_without_losing_or_repeating_text(
 
 
 def test_offline_past_the_grace_period_shows_connection_lost(open_chat, daphne):
-    chat = open_chat(daphne(ABANDON_GRACE_SECONDS="0.5"))
+    chat = open_chat(daphne(STREAM_ABANDON_GRACE="0.5"))
     answer = _slow_answer(chat, tokens_per_second=10)
 
     chat.context.set_offline(True)

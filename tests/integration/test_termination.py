@@ -141,7 +141,7 @@ async def test_cancelled_over_websocket(daphne, account):
 
 
 async def test_abandoned_at_once_with_grace_zero(daphne, account, emulator):
-    server = daphne(ENGINE_URL=emulator, ENGINE_MODEL="test-model", ABANDON_GRACE_SECONDS="0")
+    server = daphne(ENGINE_URL=emulator, ENGINE_MODEL="test-model", STREAM_ABANDON_GRACE="0")
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         conversation = await create_conversation(client, account.token)
         message = await post_message(
@@ -156,7 +156,7 @@ async def test_abandoned_at_once_with_grace_zero(daphne, account, emulator):
 
 
 async def test_abandoned_only_after_the_grace_period(daphne, account, emulator):
-    server = daphne(ENGINE_URL=emulator, ENGINE_MODEL="test-model", ABANDON_GRACE_SECONDS="1.5")
+    server = daphne(ENGINE_URL=emulator, ENGINE_MODEL="test-model", STREAM_ABANDON_GRACE="1.5")
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         conversation = await create_conversation(client, account.token)
         message = await post_message(
@@ -173,7 +173,7 @@ async def test_abandoned_only_after_the_grace_period(daphne, account, emulator):
 
 
 async def test_reconnect_within_grace_loses_nothing(daphne, account):
-    server = daphne(ABANDON_GRACE_SECONDS="30")
+    server = daphne(STREAM_ABANDON_GRACE="30")
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         conversation = await create_conversation(client, account.token)
         message = await post_message(

@@ -126,7 +126,7 @@ async def test_cancelled_stream_and_live_gauges(daphne, account):
 
 
 async def test_abandoned_stream(daphne, account):
-    server = daphne(ABANDON_GRACE_SECONDS="0")
+    server = daphne(STREAM_ABANDON_GRACE="0")
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         before = await scrape(client)
         message_id = await start_message(client, account.token, **SLOW)

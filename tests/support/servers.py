@@ -129,7 +129,7 @@ def server_env(**overrides: Any) -> dict[str, str]:
     env = dict(os.environ)
     env["DJANGO_SETTINGS_MODULE"] = "chatsite.settings"
     env["DATABASE_URL"] = database_url()
-    env.setdefault("ABANDON_GRACE_SECONDS", "10")
+    env.setdefault("STREAM_ABANDON_GRACE", "10")
     env["PYTHONUNBUFFERED"] = "1"
     for key, value in overrides.items():
         if value is None:

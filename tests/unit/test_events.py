@@ -24,17 +24,6 @@ def test_merge_collapses_runs_of_deltas_keeping_the_last_seq_and_first_stamp():
     assert "".join(e["text"] for e in merged if e["type"] == "delta") == "abcd"
 
 
-def test_sse_frame_is_one_event_with_id_type_and_single_line_json():
-    frame = events.sse_frame(events.delta(9, "line1\nline2 👩‍👩‍👧 é"))
-    text = frame.decode()
-    assert text.endswith("\n\n")
-    lines = text.rstrip("\n").split("\n")
-    assert lines[0] == "id: 9"
-    assert lines[1] == "event: delta"
-    assert lines[2].startswith("data: ") and len(lines) == 3
-    assert json.loads(lines[2][6:])["text"] == "line1\nline2 👩‍👩‍👧 é"
-
-
 def test_ws_frame_adds_the_message_id():
     payload = json.loads(events.ws_frame(events.delta(3, "x"), "mid"))
     assert payload == {"seq": 3, "type": "delta", "text": "x", "message_id": "mid"}

@@ -10,8 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from streaming.reaper import reap
-from streaming.runtime import get_runtime
+from streaming.runtime import Runtime
 
 
 class Command(BaseCommand):
@@ -19,11 +18,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         async def once() -> int:
-            runtime = get_runtime()
+            runtime = Runtime()
             try:
-                return await reap(runtime, confirm=False)
+                return await runtime.reaper.reap(confirm=False)
             finally:
-                await runtime.log.close()
+                await runtime.close()
 
         count = asyncio.run(once())
         self.stdout.write(f"reaped {count} segment(s)")

@@ -1,11 +1,13 @@
-"""One reader of one message's events: the part every transport shares.
+"""The read service: one reader of one message's events, the part every transport shares.
 
-It replays what the reader missed, follows live, merges everything new since the last
-write into one frame (merge-on-read), spaces writes by ``STREAM_MIN_WRITE_INTERVAL``,
-pauses while the connection's send buffer is over ``STREAM_SEND_BUFFER_LIMIT`` and gives
-up on a client that stays over it for ``STREAM_SLOW_CONSUMER_TIMEOUT`` (``SlowConsumer``:
-the transport closes, the client resumes from its cursor). It holds a cursor, never a
-queue, so per-reader memory does not grow with what the reader has not read yet.
+A ``Subscription`` replays what the reader missed, follows live, merges everything new
+since the last write into one frame (merge-on-read), spaces writes by
+``MIN_WRITE_INTERVAL``, pauses while the connection's send buffer is over
+``SEND_BUFFER_LIMIT`` and gives up on a client that stays over it for
+``SLOW_CONSUMER_TIMEOUT`` (``SlowConsumer``: the transport closes, the client resumes from
+its cursor). It holds a cursor, never a queue, so per-reader memory does not grow with
+what the reader has not read yet. ``wait_until_ended`` is the other reader: it only
+waits for a message's end. Both read through the hub's and the log's public API.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from django.conf import settings
-
-from streaming import events, metrics
-from streaming.runtime import Runtime
-from streaming.termination import FINAL_STATUSES
-from streaming.transports.flow import SendBuffer
+from streaming import database, events, metrics
+from streaming.conf import streaming_settings
+from streaming.errors import InvalidCursor
+from streaming.hub import Hub
+from streaming.models import Message
+from streaming.presence import Presence
+from streaming.streamlog import StreamLog
+from streaming.termination import FINAL_STATUSES, Status
 
 # How often a paused reader re-checks the send buffer.
 DRAIN_POLL = 0.05
@@ -29,8 +33,36 @@ DRAIN_POLL = 0.05
 FINAL_DONE_WAIT = 2.0
 
 
+# A cursor is a seq: below 10**18, so it fits every store's integer and every client's.
+MAX_CURSOR_DIGITS = 18
+
+
+def parse_cursor(value: Any, name: str, *, text: bool) -> int:
+    """A reader's cursor from ``value``: decimal digits when ``text`` (a header, a query
+    parameter), a JSON integer otherwise; ``InvalidCursor`` naming ``name`` if it is not a
+    non-negative integer of at most ``MAX_CURSOR_DIGITS`` digits."""
+    if text and isinstance(value, str):
+        raw = value.strip()
+        if raw.isascii() and raw.isdigit() and len(raw) <= MAX_CURSOR_DIGITS:
+            return int(raw)
+    elif (
+        not text
+        and isinstance(value, int)
+        and not isinstance(value, bool)
+        and 0 <= value < 10**MAX_CURSOR_DIGITS
+    ):
+        return value
+    raise InvalidCursor(f"{name} must be a non-negative integer event id", field=name)
+
+
 class SlowConsumer(Exception):
     """The client did not read for too long; close and let it resume."""
+
+
+class SendBuffer(Protocol):
+    """The connection's unsent bytes in the server (``None`` when it cannot be known)."""
+
+    def pending(self) -> int | None: ...
 
 
 @dataclass(slots=True)
@@ -87,13 +119,17 @@ def snapshot(state: MessageState, after: int) -> list[events.Event]:
 class Subscription:
     def __init__(
         self,
-        runtime: Runtime,
+        hub: Hub,
+        log: StreamLog,
+        presence: Presence,
         state: MessageState,
         after: int,
         transport: str,
         send_buffer: SendBuffer | None = None,
     ) -> None:
-        self.runtime = runtime
+        self.hub = hub
+        self.log = log
+        self.presence = presence
         self.state = state
         self.cursor = after
         self.transport = transport
@@ -108,14 +144,13 @@ class Subscription:
 
     async def frames(self, ping_interval: float | None) -> AsyncIterator[list[events.Event] | None]:
         """Merged batches to write, or ``None`` when a keep-alive is due."""
-        runtime = self.runtime
         message_id = self.state.id
         resumed = self.cursor > 0
         recorded = self.metrics
         if resumed:
             recorded.resumes.inc()
         live = not self.state.final
-        await runtime.presence.attach(message_id, live=live)
+        await self.presence.attach(message_id, live=live)
         recorded.streams_active.inc()
         replaying = resumed
         try:
@@ -123,8 +158,8 @@ class Subscription:
             if self.state.final:
                 source = self._finished()
             else:
-                source = runtime.hub.read(message_id, self.cursor, idle_timeout=ping_interval)
-            min_interval = settings.STREAM_MIN_WRITE_INTERVAL
+                source = self.hub.read(message_id, self.cursor, idle_timeout=ping_interval)
+            min_interval = streaming_settings.MIN_WRITE_INTERVAL
             last_write = 0.0
             async for batch in source:
                 if batch is None:
@@ -138,7 +173,7 @@ class Subscription:
                 if wait > 0 and batch[-1]["type"] == events.DELTA:
                     await asyncio.sleep(wait)
                     # More may have arrived meanwhile: it goes out in this same frame.
-                    batch = batch + self._newer_than(batch[-1]["seq"])
+                    batch = batch + self.hub.newer_than(message_id, batch[-1]["seq"])
                 if replaying:
                     recorded.events_replayed.inc(len(batch))
                     replaying = False
@@ -156,16 +191,10 @@ class Subscription:
             metrics.STREAM_ENDS.labels(
                 transport=self.transport, status=self.ended_status or "disconnected"
             ).inc()
-            await runtime.presence.detach(
-                message_id, live=live, ended=self.ended_status is not None
-            )
-
-    def _newer_than(self, after: int) -> list[events.Event]:
-        topic = self.runtime.hub.topics.get(self.state.id)
-        return topic.after(after) if topic is not None else []
+            await self.presence.detach(message_id, live=live, ended=self.ended_status is not None)
 
     async def _finished(self) -> AsyncIterator[list[events.Event] | None]:
-        log = self.runtime.log
+        log = self.log
         logged = await log.read(self.state.id, self.cursor)
         if not logged:
             if has_more(self.state, self.cursor):
@@ -194,12 +223,11 @@ class Subscription:
         if probe is None:
             return
         pending = probe.pending()
-        if pending is None or pending <= settings.STREAM_SEND_BUFFER_LIMIT:
+        limit = streaming_settings.SEND_BUFFER_LIMIT
+        if pending is None or pending <= limit:
             return
-        deadline = time.monotonic() + settings.STREAM_SLOW_CONSUMER_TIMEOUT
-        while (pending := probe.pending()) is not None and pending > (
-            settings.STREAM_SEND_BUFFER_LIMIT // 2
-        ):
+        deadline = time.monotonic() + streaming_settings.SLOW_CONSUMER_TIMEOUT
+        while (pending := probe.pending()) is not None and pending > limit // 2:
             if time.monotonic() > deadline:
                 self.metrics.slow_consumer_closes.inc()
                 self.ended_status = "slow_consumer"
@@ -219,3 +247,28 @@ class Subscription:
                 recorded.write_gap.observe(now - self.last_delta_at)
             self.last_delta_at = now
         recorded.frames_written.inc()
+
+
+async def wait_until_ended(
+    hub: Hub, message_id: str, limit: float | None, finished: asyncio.Event | None = None
+) -> None:
+    """Return when the message's current segment has ended, or after ``limit`` seconds.
+
+    ``finished``: the local generation's event, when it runs in this process; otherwise
+    the message's log is followed until its ``done`` (the generating process may be
+    remote)."""
+    if finished is not None:
+        await asyncio.wait_for(finished.wait(), limit)
+        return
+    last, status = await database.run(
+        lambda: Message.objects.values_list("last_seq", "status").get(id=message_id)
+    )
+    if status != Status.STREAMING:
+        return
+    try:
+        async with asyncio.timeout(limit):
+            async for batch in hub.read(message_id, last):
+                if batch and batch[-1]["type"] == events.DONE:
+                    return
+    except TimeoutError:
+        return

@@ -1,0 +1,190 @@
+"""The app's settings: one ``STREAMING`` dict, read through ``streaming_settings``.
+
+Like DRF's ``api_settings``: every key has a documented default here, a project sets only
+what it changes, and ``override_settings(STREAMING=...)`` takes effect at once. Backends
+are chosen the way ``CACHES`` chooses a cache: ``{"BACKEND": "dotted.path.Class", ...}``,
+the rest of the dict passed to the class as keyword arguments (lower-cased), so a third
+backend needs no code change here.
+
+``from_environ`` is what ``chatsite.settings`` builds the dict from: the variable
+``STREAM_<KEY>`` sets ``STREAMING["<KEY>"]`` (``STREAM_STALL_TIMEOUT=5``), and
+``REDIS_URL``/``ENGINE_URL`` pick the Redis and vLLM backends. docs/configuration.md
+lists every key; a test checks that it lists exactly these, with these defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from django.core.signals import setting_changed
+from django.utils.module_loading import import_string
+
+ENV_PREFIX = "STREAM_"
+
+# Every tuning value of the app, with its default. docs/configuration.md explains each.
+DEFAULTS: dict[str, Any] = {
+    # No token for this long ends a segment as `stalled`; also the engine's read timeout.
+    "STALL_TIMEOUT": 30.0,
+    # How long a generation keeps running after its last reader left (0 = abort at once).
+    "ABANDON_GRACE": 10.0,
+    # SSE `: ping` comments / WS heartbeats while nothing else is sent.
+    "PING_INTERVAL": 15.0,
+    # SSE `retry:` hint for EventSource reconnects, in milliseconds.
+    "RETRY_MS": 1000,
+    # Write-behind period for partial content, in seconds.
+    "FLUSH_INTERVAL": 1.0,
+    # Readers write at most one frame per interval (merge-on-read), in seconds.
+    "MIN_WRITE_INTERVAL": 0.02,
+    # Unsent bytes a connection may hold in the server before its reader pauses.
+    "SEND_BUFFER_LIMIT": 64 * 1024,
+    # How long a connection may stay over that limit before it is closed (client resumes).
+    "SLOW_CONSUMER_TIMEOUT": 30.0,
+    # How long a finished message's log is kept for resumes, in seconds.
+    "LOG_TTL": 24 * 3600,
+    # Process heartbeat period, and how long without one before the reaper steps in.
+    "HEARTBEAT_INTERVAL": 2.0,
+    "HEARTBEAT_TIMEOUT": 10.0,
+    # Continue interrupted answers automatically after reaping them.
+    "AUTO_CONTINUE_INTERRUPTED": False,
+    # On SIGTERM, how long running generations may take before being interrupted.
+    "SHUTDOWN_DEADLINE": 20.0,
+    # After generations ended on SIGTERM, how long readers get to send their last events.
+    "SHUTDOWN_READER_FLUSH": 3.0,
+    # Stamp each delta with the engine's emit time ("t"), for the benchmark's latency figures.
+    "EMIT_STAMPS": False,
+    # How long the final record is retried while the database is unreachable.
+    "PERSIST_RETRY_SECONDS": 120.0,
+    # Events a process keeps per message for its local readers; one further behind reads
+    # back from the log, so a stalled client cannot pin a whole answer in memory.
+    "HUB_MAX_EVENTS": 512,
+    # How long deleting a conversation or the admin's Stop waits for answers to end.
+    "STOP_WAIT": 5.0,
+    # The event log, reader presence and engines: {"BACKEND": path, **options}.
+    "LOG": {"BACKEND": "streaming.streamlog.memory.MemoryStreamLog"},
+    "PRESENCE": {"BACKEND": "streaming.presence.memory.MemoryPresence"},
+    "ENGINES": {"default": {"BACKEND": "streaming.engines.simulated.SimulatedEngine"}},
+}
+
+BACKEND_KEYS = ("LOG", "PRESENCE", "ENGINES")
+# The service variables ``from_environ`` reads besides ``STREAM_<KEY>``.
+SERVICE_VARIABLES = (
+    "REDIS_URL",
+    "ENGINE_URL",
+    "ENGINE_MODEL",
+    "ENGINE_API_KEY",
+    "ENGINE_CONNECT_TIMEOUT",
+)
+
+
+def environment_variables() -> set[str]:
+    """Every variable ``from_environ`` reads."""
+    tuning = {ENV_PREFIX + key for key in DEFAULTS if key not in BACKEND_KEYS}
+    return tuning | set(SERVICE_VARIABLES)
+
+
+def _parse(name: str, raw: str, default: Any) -> Any:
+    try:
+        if isinstance(default, bool):
+            value = raw.strip().lower()
+            if value in {"1", "true", "yes", "on"}:
+                return True
+            if value in {"0", "false", "no", "off"}:
+                return False
+            raise ValueError(raw)
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected {type(default).__name__}") from None
+    return raw
+
+
+def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ``STREAMING`` dict the environment asks for (only what it sets)."""
+    env = os.environ if environ is None else environ
+    config: dict[str, Any] = {}
+    for key, default in DEFAULTS.items():
+        if key in BACKEND_KEYS:
+            continue
+        raw = env.get(ENV_PREFIX + key, "")
+        if raw.strip():
+            config[key] = _parse(ENV_PREFIX + key, raw, default)
+    redis_url = env.get("REDIS_URL", "")
+    if redis_url:
+        config["LOG"] = {
+            "BACKEND": "streaming.streamlog.redis.RedisStreamLog",
+            "LOCATION": redis_url,
+        }
+        config["PRESENCE"] = {
+            "BACKEND": "streaming.presence.redis.RedisPresence",
+            "LOCATION": redis_url,
+        }
+    engine_url = env.get("ENGINE_URL", "")
+    if engine_url:
+        engine: dict[str, Any] = {
+            "BACKEND": "streaming.engines.vllm.VLLMEngine",
+            "LOCATION": engine_url,
+            "MODEL": env.get("ENGINE_MODEL", ""),
+        }
+        if env.get("ENGINE_API_KEY"):
+            engine["API_KEY"] = env["ENGINE_API_KEY"]
+        if env.get("ENGINE_CONNECT_TIMEOUT", "").strip():
+            engine["CONNECT_TIMEOUT"] = float(env["ENGINE_CONNECT_TIMEOUT"])
+        config["ENGINES"] = {"default": engine}
+    return config
+
+
+class StreamingSettings:
+    """Attribute access to ``settings.STREAMING`` over ``DEFAULTS``; unknown keys raise."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] = {}
+
+    def _user(self) -> dict[str, Any]:
+        from django.conf import settings
+
+        return dict(getattr(settings, "STREAMING", {}) or {})
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in DEFAULTS:
+            raise AttributeError(f"STREAMING has no setting {name!r}")
+        cache = self.__dict__["_cache"]
+        if name not in cache:
+            cache[name] = self._user().get(name, DEFAULTS[name])
+        return cache[name]
+
+    def reload(self) -> None:
+        self._cache.clear()
+
+    def check(self) -> None:
+        """Raise ``ImproperlyConfigured`` for a key that is not a setting (a typo)."""
+        from django.core.exceptions import ImproperlyConfigured
+
+        unknown = sorted(set(self._user()) - set(DEFAULTS))
+        if unknown:
+            raise ImproperlyConfigured(f"STREAMING has no setting {unknown[0]!r}")
+
+
+streaming_settings = StreamingSettings()
+
+
+def _reload(*, setting: str, **kwargs: Any) -> None:
+    if setting == "STREAMING":
+        streaming_settings.reload()
+
+
+setting_changed.connect(_reload)
+
+
+def build_backend(config: Mapping[str, Any], **extra: Any) -> Any:
+    """An instance of ``config["BACKEND"]``, given the other keys (lower-cased) and ``extra``."""
+    options = {k.lower(): v for k, v in config.items() if k != "BACKEND"}
+    if "BACKEND" not in config:
+        raise ValueError(f"a backend needs a BACKEND path: {dict(config)!r}")
+    backend = import_string(config["BACKEND"])
+    return backend(**options, **extra)

@@ -1,0 +1,140 @@
+"""A serving process's background work and its orderly end.
+
+Daphne implements no ASGI lifespan, so ``Lifecycle.start`` runs on the first request the
+process serves (from the ASGI entry point). It starts the loops (heartbeat, write-behind
+flush, reaper, the control listener) and installs the SIGTERM handler: stop accepting,
+let running generations finish up to ``SHUTDOWN_DEADLINE``, interrupt the rest, give
+attached readers ``SHUTDOWN_READER_FLUSH`` to send their last events, then call the
+server's stop hooks (``on_stopped``; the ASGI entry point adds the one for Daphne).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from streaming import database, metrics
+from streaming.conf import streaming_settings
+from streaming.control import Control
+from streaming.persistence import Partial, flush_partials
+from streaming.presence import Presence
+from streaming.reaper import Reaper
+from streaming.registry import Generations
+
+log = logging.getLogger(__name__)
+
+
+class Lifecycle:
+    def __init__(
+        self, generations: Generations, presence: Presence, control: Control, reaper: Reaper
+    ) -> None:
+        self.generations = generations
+        self.presence = presence
+        self.control = control
+        self.reaper = reaper
+        self.accepting = True
+        # Called once the process has drained after SIGTERM (stop the server).
+        self.on_stopped: list[Callable[[], None]] = []
+        self._tasks: set[asyncio.Task[object]] = set()
+
+    async def start(self) -> None:
+        await self.control.start(self.generations.on_control)
+        # Redis down at start-up must not keep the loops from starting (nor fail the
+        # request that starts them, such as /readyz): the heartbeat loop retries.
+        try:
+            await self.presence.beat()
+        except Exception:
+            log.warning("first heartbeat failed (Redis unreachable?)")
+        self.spawn(self._heartbeat_loop(), "heartbeat")
+        self.spawn(self._flush_loop(), "write-behind")
+        self.spawn(self._reaper_loop(), "reaper")
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._on_sigterm)
+
+    def spawn(self, coro: Coroutine[Any, Any, object], name: str) -> asyncio.Task[object]:
+        """Start a background task outside the current request's context (asgiref ties
+        sync_to_async calls to the request's thread, which is gone once it answered), and
+        hold a reference to it until it ends."""
+        task = asyncio.create_task(coro, name=name, context=contextvars.Context())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # --- the loops -----------------------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(streaming_settings.HEARTBEAT_INTERVAL)
+            try:
+                await self.presence.beat()
+                await self.control.renew()
+            except Exception:
+                log.warning("heartbeat failed (Redis unreachable?)")
+
+    async def _flush_loop(self) -> None:
+        pending: dict[str, Partial] = {}
+        while True:
+            await asyncio.sleep(streaming_settings.FLUSH_INTERVAL)
+            for generation in self.generations:
+                partial = generation.partial()
+                if partial is not None:
+                    pending[partial.message_id] = partial
+            if not pending:
+                continue
+            batch = list(pending.values())
+            started = time.monotonic()
+            try:
+                await database.run(flush_partials, batch)
+            except Exception:
+                log.warning("write-behind flush failed for %d messages; will retry", len(batch))
+                continue
+            metrics.PERSIST_LATENCY.labels(kind="partial").observe(time.monotonic() - started)
+            pending.clear()
+
+    async def _reaper_loop(self) -> None:
+        while True:
+            await asyncio.sleep(streaming_settings.HEARTBEAT_TIMEOUT / 2)
+            try:
+                await self.reaper.reap()
+            except Exception:
+                log.exception("reaper pass failed")
+            metrics.forget_dead_processes()
+
+    # --- the end -------------------------------------------------------------------------
+    def _on_sigterm(self) -> None:
+        if not self.accepting:
+            return
+        self.accepting = False
+        log.info("SIGTERM: draining %d generations", len(self.generations))
+        self.spawn(self.drain_and_stop(), "drain")
+
+    async def drain_and_stop(self) -> None:
+        await self.drain(streaming_settings.SHUTDOWN_DEADLINE)
+        # Let attached readers write the terminal events before connections are dropped.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(streaming_settings.SHUTDOWN_READER_FLUSH):
+                await self.presence.idle.wait()
+        await self.control.stop()
+        await asyncio.sleep(0.1)  # one more turn for the transports to flush their buffers
+        for stop in self.on_stopped:
+            stop()
+
+    async def drain(self, deadline: float) -> None:
+        """Let running generations finish up to ``deadline`` s, then interrupt the rest."""
+        running = [g.finished.wait() for g in self.generations]
+        if running:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(deadline):
+                    await asyncio.gather(*running)
+        left = list(self.generations)
+        for generation in left:
+            generation.cancel("interrupted")
+        if left:
+            await asyncio.gather(*(g.finished.wait() for g in left))
+        with contextlib.suppress(Exception):
+            await self.presence.leave()

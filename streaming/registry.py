@@ -1,0 +1,75 @@
+"""The generations running in this process, and where a cancel or a reader count goes.
+
+``Generations`` is the one place that knows whether a message is generated here: a cancel
+for a local generation is a call, for any other it is a control message to every process
+(the one running it acts); a change of readers reaches the local generation directly, a
+remote one over control. It is the presence backend's listener and control's handler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from streaming.control import Control
+from streaming.generation import Backends, Generation, SegmentPlan
+
+CANCEL = "generation.cancel"
+READERS = "generation.readers"
+
+
+class Generations:
+    def __init__(self, control: Control) -> None:
+        self.control = control
+        self.running: dict[str, Generation] = {}
+
+    def __len__(self) -> int:
+        return len(self.running)
+
+    def __iter__(self) -> Iterator[Generation]:
+        return iter(list(self.running.values()))
+
+    def get(self, message_id: str) -> Generation | None:
+        return self.running.get(message_id)
+
+    def launch(self, plan: SegmentPlan, backends: Backends) -> Generation:
+        """Start ``plan`` as a task of the running loop; it leaves the registry when it ends."""
+        generation = Generation(plan, backends, on_end=self._ended)
+        self.running[generation.message_id] = generation
+        generation.start()
+        return generation
+
+    def _ended(self, generation: Generation) -> None:
+        if self.running.get(generation.message_id) is generation:
+            del self.running[generation.message_id]
+
+    async def cancel(self, message_id: str, reason: str) -> None:
+        """End a generation wherever it runs (this process or another)."""
+        generation = self.running.get(message_id)
+        if generation is not None:
+            generation.cancel(reason)
+        else:
+            await self.control.send(message_id, {"type": CANCEL, "reason": reason})
+
+    # --- presence's listener -------------------------------------------------------------
+    def generating(self, message_id: str) -> bool:
+        return message_id in self.running
+
+    def readers_changed(self, message_id: str, count: int) -> None:
+        generation = self.running.get(message_id)
+        if generation is not None:
+            generation.readers_changed(count)
+
+    async def notify_remote(self, message_id: str) -> None:
+        await self.control.send(message_id, {"type": READERS})
+
+    # --- control's handler ---------------------------------------------------------------
+    async def on_control(self, message: dict[str, Any]) -> None:
+        generation = self.running.get(message.get("mid", ""))
+        if generation is None:
+            return
+        kind = message.get("type")
+        if kind == CANCEL:
+            generation.cancel(message.get("reason", "cancelled"))
+        elif kind == READERS:
+            await generation.recount_readers()

@@ -1,0 +1,196 @@
+"""Every touch of Daphne's and Twisted's internals, checked, in one place.
+
+Two things the product needs are not in ASGI:
+
+- **The per-connection memory bound.** Daphne applies no backpressure: ``send()`` never
+  waits and Twisted buffers without limit for a client that stops reading.
+  ``SendBuffer`` finds the Twisted transport behind an ASGI ``send`` callable (Daphne
+  passes ``partial(server.handle_reply, protocol)``; Channels' session middleware wraps it
+  in a bound method with ``real_send``) and reads its queue length, so a reader can stop
+  writing while the client is not reading and close the connection if that lasts.
+- **Write-through.** Twisted never sends in ``write``: it queues the bytes and sends on the
+  reactor's next writability pass (on the asyncio reactor, two ``epoll_ctl`` calls, a
+  selector-map update and a callback per frame, about a tenth of the CPU per delivered
+  token). ``install_write_through`` makes Twisted's plain TCP connections try the socket
+  first, as asyncio's transports do, and queue only what it did not take. Bytes not taken
+  are queued and sent the usual way, a failed send is left to the queued path to report,
+  TLS connections and connections with bytes queued keep Twisted's behaviour, so order
+  is kept and ``SendBuffer`` still sees what is unsent.
+
+Both are checked when the process starts (``check_server``: the versions are the tested
+ones, the attributes exist) and when used. When one cannot work, a warning is logged once
+per process and ``chat_server_hooks_available{hook=...}`` drops to 0; the product keeps
+working without it (without the bound, only the kernel's buffers limit a connection).
+``stop_server`` ends Daphne after the SIGTERM drain. Under another server all of these
+report themselves unavailable and do nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable
+from importlib import metadata
+from typing import Any
+
+from streaming import metrics
+
+log = logging.getLogger(__name__)
+
+SEND_BUFFER = "send_buffer"
+WRITE_THROUGH = "write_through"
+# The Twisted releases these hooks are tested against (also pyproject.toml's range).
+TESTED_TWISTED = ((24, 7), (27, 0))
+# What the hooks read or call on Twisted's TCP connections.
+TRANSPORT_ATTRIBUTES = ("dataBuffer", "offset", "_tempDataLen")
+SERVER_METHODS = ("write", "writeSequence", "writeSomeData")
+
+_warned: set[str] = set()
+
+
+def unavailable(hook: str, why: str) -> None:
+    """Record that ``hook`` cannot work here: one warning per process, and the metric."""
+    metrics.SERVER_HOOKS.labels(hook=hook).set(0)
+    if hook not in _warned:
+        _warned.add(hook)
+        off = "the per-connection memory bound is off" if hook == SEND_BUFFER else "frames wait"
+        log.warning("server hook %s unavailable (%s): %s", hook, why, off)
+
+
+def _version(text: str) -> tuple[int, int]:
+    parts = ([*text.split("."), "0"])[:2]
+    return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+
+
+def check_server() -> bool:
+    """At start-up: True when Twisted is the tested one and has what the hooks use."""
+    try:
+        from twisted.internet import tcp
+    except ImportError:
+        for hook in (SEND_BUFFER, WRITE_THROUGH):
+            unavailable(hook, "not served by Twisted")
+        return False
+    low, high = TESTED_TWISTED
+    version = metadata.version("twisted")
+    if not low <= _version(version) < high:
+        for hook in (SEND_BUFFER, WRITE_THROUGH):
+            unavailable(hook, f"Twisted {version} is outside the tested range")
+        return False
+    missing = [name for name in SERVER_METHODS if not hasattr(tcp.Server, name)]
+    if missing:
+        for hook in (SEND_BUFFER, WRITE_THROUGH):
+            unavailable(hook, f"tcp.Server lacks {', '.join(missing)}")
+        return False
+    metrics.SERVER_HOOKS.labels(hook=SEND_BUFFER).set(1)
+    return True
+
+
+def innermost_send(send: Any) -> functools.partial[Any] | None:
+    """Daphne's own ``send`` behind the wrappers (Channels' session middleware and the
+    consumer), or None on other servers. Stream frames go to it directly: the wrappers
+    only act on response starts and WebSocket accepts, and cost a chain of coroutine
+    calls per frame."""
+    current = send
+    for _ in range(8):
+        if isinstance(current, functools.partial):
+            return current
+        owner = getattr(current, "__self__", None)
+        if owner is None:
+            return None
+        inner = getattr(owner, "real_send", None) or getattr(owner, "base_send", None)
+        if inner is None or inner is current:
+            return None
+        current = inner
+    return None
+
+
+def frame_send(send: Any) -> Callable[..., Any]:
+    """The callable stream frames are written with: the innermost send, else ``send``."""
+    return innermost_send(send) or send
+
+
+def _transport_of(send: Any) -> Any | None:
+    innermost = innermost_send(send)
+    protocol = innermost.args[0] if innermost is not None and innermost.args else None
+    if protocol is None:
+        return None
+    channel = getattr(protocol, "channel", None)  # twisted.web Request -> HTTPChannel
+    transport = getattr(channel, "transport", None) if channel is not None else None
+    if transport is None:
+        transport = getattr(protocol, "transport", None)  # autobahn WebSocket protocol
+    if transport is None or not all(hasattr(transport, a) for a in TRANSPORT_ATTRIBUTES):
+        return None
+    return transport
+
+
+class SendBuffer:
+    """A probe of the connection's unsent bytes; ``pending()`` is None when unknowable
+    (and then the hook is reported unavailable)."""
+
+    __slots__ = ("_transport",)
+
+    def __init__(self, send: Callable[..., Any]) -> None:
+        self._transport = _transport_of(send)
+        if self._transport is None:
+            unavailable(SEND_BUFFER, "no Twisted transport behind the ASGI send")
+
+    def pending(self) -> int | None:
+        t = self._transport
+        if t is None:
+            return None
+        try:
+            return len(t.dataBuffer) - t.offset + t._tempDataLen
+        except (AttributeError, TypeError) as exc:
+            self._transport = None
+            unavailable(SEND_BUFFER, f"the transport changed shape: {exc}")
+            return None
+
+
+def install_write_through() -> bool:
+    """Patch Twisted's TCP server connections; False (and reported) when it cannot."""
+    if not check_server():
+        unavailable(WRITE_THROUGH, "the server check failed")
+        return False
+    from twisted.internet import tcp
+
+    server: Any = tcp.Server
+    if getattr(server, "write_through", False):
+        return True
+    queued_write = server.write
+
+    def write(self: Any, data: bytes) -> None:
+        if (
+            data
+            and self.connected
+            and not self.disconnecting
+            and not self._writeDisconnected
+            and not self.TLS
+            and self.offset == len(self.dataBuffer)
+            and not self._tempDataLen
+        ):
+            sent = self.writeSomeData(data)
+            if isinstance(sent, int) and sent > 0:
+                if sent == len(data):
+                    return
+                data = data[sent:]
+        queued_write(self, data)
+
+    def write_sequence(self: Any, iovec: Iterable[bytes]) -> None:
+        write(self, b"".join(iovec))
+
+    server.write = write
+    server.writeSequence = write_sequence
+    server.write_through = True
+    metrics.SERVER_HOOKS.labels(hook=WRITE_THROUGH).set(1)
+    return True
+
+
+def stop_server() -> None:
+    """Stop Daphne's reactor (after the SIGTERM drain); nothing under another server."""
+    try:
+        from twisted.internet import reactor
+    except ImportError:
+        return
+    running: Any = reactor
+    if running.running:
+        running.callFromThread(running.stop)

@@ -1,0 +1,40 @@
+"""The ``text/event-stream`` framing, for both SSE endpoints (ours and OpenAI's).
+
+One place for the response headers (no caching, no proxy buffering, no compression), the
+frames of our event schema (``id``/``event``/``data``), ``data:``-only frames (OpenAI's
+chunks), the ``: ping`` keep-alive, the ``retry:`` hint and OpenAI's ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from streaming.events import Event, dumps
+
+HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache, no-store, no-transform"),
+    (b"x-accel-buffering", b"no"),
+    (b"content-encoding", b"identity"),
+]
+PING = b": ping\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
+def frame(event: Event) -> bytes:
+    """``id`` / ``event`` / ``data`` lines; the payload is one line of compact JSON."""
+    return f"id: {event['seq']}\nevent: {event['type']}\ndata: {dumps(event)}\n\n".encode()
+
+
+def frames(events: list[Event]) -> bytes:
+    return b"".join(frame(e) for e in events)
+
+
+def data(obj: dict[str, Any]) -> bytes:
+    """A ``data:``-only frame (OpenAI's stream format)."""
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def retry(ms: int) -> bytes:
+    return f"retry: {ms}\n\n".encode()

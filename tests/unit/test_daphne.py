@@ -1,0 +1,161 @@
+"""The server hooks: write-through on Twisted's TCP server connections and the send-buffer
+probe, over a real socket pair; and what happens when a hook cannot work.
+
+The reactor here only records which sockets the connection asks to watch: that request
+is exactly what write-through avoids, and what must still happen for bytes the socket
+did not take.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+from twisted.internet import tcp
+from twisted.internet.protocol import Protocol
+
+from streaming.transports import daphne
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class RecordingReactor:
+    def __init__(self) -> None:
+        self.writers: set[object] = set()
+
+    def addReader(self, fd: object) -> None: ...  # Twisted names these
+
+    def removeReader(self, fd: object) -> None: ...
+
+    def addWriter(self, fd: object) -> None:
+        self.writers.add(fd)
+
+    def removeWriter(self, fd: object) -> None:
+        self.writers.discard(fd)
+
+    def callLater(self, *args: object) -> None: ...
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[tcp.Server, socket.socket, RecordingReactor]]:
+    assert daphne.install_write_through()
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reactor = RecordingReactor()
+    protocol = Protocol()
+    connection = tcp.Server(ours, protocol, ("127.0.0.1", 1), None, 1, reactor)
+    protocol.makeConnection(connection)
+    yield connection, peer, reactor
+    ours.close()
+    peer.close()
+
+
+def receive(peer: socket.socket, size: int) -> bytes:
+    got = b""
+    while len(got) < size:
+        chunk = peer.recv(size - len(got))
+        assert chunk, "peer closed"
+        got += chunk
+    return got
+
+
+def test_a_frame_is_sent_at_once_without_watching_the_socket(pair) -> None:
+    connection, peer, reactor = pair
+    frame = b"id: 1\nevent: delta\ndata: {}\n\n"
+    connection.write(frame)
+    connection.writeSequence([b"5\r\n", b"hello", b"\r\n"])
+    assert reactor.writers == set()
+    expected = frame + b"5\r\nhello\r\n"
+    assert receive(peer, len(expected)) == expected
+
+
+def test_what_the_socket_does_not_take_is_queued_in_order(pair) -> None:
+    connection, peer, reactor = pair
+    frames = [bytes([65 + i % 26]) * 50_000 for i in range(8)]
+    for frame in frames:
+        connection.write(frame)
+    # The socket took part of the first frame; the rest waits for writability, in order.
+    assert reactor.writers == {connection}
+    unsent = len(connection.dataBuffer) - connection.offset + connection._tempDataLen
+    assert 0 < unsent < sum(map(len, frames))
+    expected = b"".join(frames)
+    got = b""
+    while len(got) < len(expected):
+        got += peer.recv(65536)
+        connection.doWrite()
+    assert got == expected
+    assert reactor.writers == set()
+    # Drained: the next frame goes straight out again.
+    connection.write(b"tail")
+    assert reactor.writers == set()
+    assert receive(peer, 4) == b"tail"
+
+
+def hook_gauge(hook: str) -> float | None:
+    return REGISTRY.get_sample_value("chat_server_hooks_available", {"hook": hook})
+
+
+class Channel:
+    def __init__(self, transport: object) -> None:
+        self.transport = transport
+
+
+class Request:
+    """What Daphne's ``send`` is bound to for HTTP: a twisted.web request with a channel."""
+
+    def __init__(self, transport: object) -> None:
+        self.channel = Channel(transport)
+
+
+def test_the_probe_reads_the_unsent_bytes_behind_daphnes_send(pair) -> None:
+    connection, _, _ = pair
+
+    async def handle_reply(protocol: object, message: dict) -> None: ...
+
+    probe = daphne.SendBuffer(functools.partial(handle_reply, Request(connection)))
+    assert probe.pending() == 0
+    for _ in range(8):
+        connection.write(b"x" * 50_000)
+    assert 0 < probe.pending() < 400_000
+    assert hook_gauge(daphne.SEND_BUFFER) == 1
+
+
+def test_a_send_without_a_transport_turns_the_bound_off_once_and_says_so(caplog) -> None:
+    daphne._warned.discard(daphne.SEND_BUFFER)
+
+    async def plain_send(message: dict) -> None: ...
+
+    with caplog.at_level(logging.WARNING, logger="streaming.transports.daphne"):
+        first = daphne.SendBuffer(plain_send)
+        second = daphne.SendBuffer(plain_send)
+    assert first.pending() is None and second.pending() is None
+    warnings = [r for r in caplog.records if "send_buffer unavailable" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "memory bound is off" in warnings[0].getMessage()
+    assert hook_gauge(daphne.SEND_BUFFER) == 0
+    assert daphne.check_server()  # a later start-up check on a good server turns it back on
+    assert hook_gauge(daphne.SEND_BUFFER) == 1
+
+
+def test_the_tested_twisted_range_is_the_declared_dependency() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (low_major, low_minor), (high_major, _) = daphne.TESTED_TWISTED
+    assert f"Twisted>={low_major}.{low_minor},<{high_major}" in project["project"]["dependencies"]
+
+
+def test_an_untested_twisted_is_reported(monkeypatch, caplog) -> None:
+    daphne._warned.clear()
+    monkeypatch.setattr(daphne.metadata, "version", lambda name: "99.1.0")
+    with caplog.at_level(logging.WARNING, logger="streaming.transports.daphne"):
+        assert not daphne.check_server()
+    assert "outside the tested range" in caplog.text
+    assert hook_gauge(daphne.WRITE_THROUGH) == 0
+    daphne._warned.clear()
