@@ -65,10 +65,11 @@ def test_service_urls_pick_backends_by_path():
 
 
 def test_overrides_apply_at_once_and_unknown_keys_are_refused():
-    with override_settings(STREAMING={"STALL_TIMEOUT": 2.5}):
-        assert streaming_settings.STALL_TIMEOUT == 2.5
-        assert streaming_settings.PING_INTERVAL == DEFAULTS["PING_INTERVAL"]
-    assert streaming_settings.STALL_TIMEOUT != 2.5 or DEFAULTS["STALL_TIMEOUT"] == 2.5
+    before = streaming_settings.STALL_TIMEOUT
+    with override_settings(STREAMING={"STALL_TIMEOUT": before + 2.5}):
+        assert before + 2.5 == streaming_settings.STALL_TIMEOUT
+        assert DEFAULTS["PING_INTERVAL"] == streaming_settings.PING_INTERVAL
+    assert before == streaming_settings.STALL_TIMEOUT
     with pytest.raises(AttributeError):
         streaming_settings.NO_SUCH_KEY  # noqa: B018
     with override_settings(STREAMING={"STAL_TIMEOUT": 1}), pytest.raises(ImproperlyConfigured):
