@@ -11,13 +11,18 @@ $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/activate
+# What the product needs to run; the dev extras (tests, linters) come with `make test`.
+$(VENV)/.runtime: pyproject.toml constraints.txt | $(BIN)/activate
+	$(BIN)/pip install -q -c constraints.txt -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.runtime
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed
 
-migrate: install
+migrate: $(VENV)/.runtime
 	$(BIN)/python manage.py migrate --noinput
 
 run: migrate
@@ -25,15 +30,17 @@ run: migrate
 	$(BIN)/python manage.py ensure_demo_user --url http://$(HOST):$(PORT)/
 	$(BIN)/daphne -b $(HOST) -p $(PORT) chatsite.asgi:application
 
-test: install
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+test: lint
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# Style, types, the layers and their import contracts, declared dependencies.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+	$(BIN)/deptry .
 
 format: install
 	$(BIN)/ruff check --fix .

@@ -28,12 +28,12 @@ def env_bool(name: str, default: bool) -> bool:
 
 def env_float(name: str, default: float) -> float:
     value = os.environ.get(name)
-    return float(value) if value not in (None, "") else default
+    return float(value) if value else default
 
 
 def env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
-    return int(value) if value not in (None, "") else default
+    return int(value) if value else default
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
@@ -126,10 +126,10 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": VAR_DIR / "db.sqlite3",
+            "NAME": str(VAR_DIR / "db.sqlite3"),
             "OPTIONS": dict(SQLITE_OPTIONS),
             # A file, not :memory:, so Daphne processes started by tests share it.
-            "TEST": {"NAME": VAR_DIR / "test.sqlite3"},
+            "TEST": {"NAME": str(VAR_DIR / "test.sqlite3")},
         }
     }
 # django-prometheus's wrappers of the same backends count queries, errors and latency

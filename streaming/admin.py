@@ -100,7 +100,7 @@ class StopPermission:
 
 class ReadOnlyInline:
     extra = 0
-    max_num = 0
+    max_num: int | None = 0
     can_delete = False
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -112,8 +112,7 @@ class ReadOnlyInline:
 
 class MessageInline(ReadOnlyInline, admin.StackedInline):
     model = Message
-    fields = ["role", "status", "content", "termination_record", "segment_table"]
-    readonly_fields = fields
+    fields = readonly_fields = ("role", "status", "content", "termination_record", "segment_table")
     show_change_link = True
     ordering = ["created_at"]
 
@@ -186,8 +185,7 @@ class ConversationAdmin(admin.ModelAdmin):
 
 class SegmentInline(ReadOnlyInline, admin.TabularInline):
     model = Segment
-    fields = [name for name, _ in SEGMENT_COLUMNS] + ["error_type", "ended_at"]
-    readonly_fields = fields
+    fields = readonly_fields = (*(name for name, _ in SEGMENT_COLUMNS), "error_type", "ended_at")
     ordering = ["index"]
 
 
@@ -197,11 +195,10 @@ class MessageAdmin(StopPermission, admin.ModelAdmin):
     list_filter = ["status", "role", "created_at"]
     search_fields = ["content", "conversation__title", "conversation__owner__username"]
     list_select_related = ["conversation__owner"]
-    fields = [
+    fields = readonly_fields = (
         "conversation", "role", "status", "content", "termination_record", "params", "model",
         "last_seq", "created_at", "updated_at",
-    ]  # fmt: skip
-    readonly_fields = fields
+    )  # fmt: skip
     inlines = [SegmentInline]
     actions = [stop_generation]
 

@@ -11,10 +11,11 @@ thread, on every stream open and WebSocket handshake).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.contrib.auth import get_user
 from django.contrib.auth.models import AnonymousUser
+from django.http import HttpRequest
 
 from streaming import database
 
@@ -65,7 +66,7 @@ def resolve_user(scope: dict[str, Any]) -> Any:
     session = scope.get("session")
     if session is None:
         return AnonymousUser()
-    return get_user(_SessionOf(session))
+    return get_user(cast(HttpRequest, _SessionOf(session)))
 
 
 async def authenticate(scope: dict[str, Any]) -> Any:

@@ -16,7 +16,7 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 from streaming import database, events, metrics
@@ -282,7 +282,7 @@ class Generation:
 
     async def _pump(
         self,
-        stream: AsyncIterator[EngineChunk],
+        stream: AsyncGenerator[EngineChunk, None],
         detok: Detokenizer,
         stops: StopFilter,
         termination: Termination,

@@ -82,7 +82,8 @@ class Topic:
     def covers(self, cursor: int) -> bool:
         """True when every event after ``cursor`` that exists is (or will be) here."""
         if self.events:
-            return self.events[0]["seq"] <= cursor + 1
+            first: int = self.events[0]["seq"]
+            return first <= cursor + 1
         return self.first_seq is not None and self.first_seq <= cursor + 1
 
     def after(self, cursor: int) -> list[Event]:

@@ -136,8 +136,8 @@ def _create_exchange(
         )
         segment = Segment.objects.create(message=assistant, index=0, first_seq=1, worker=WORKER_ID)
         # The answer describes both messages as created: no second read for them.
-        user_message._prefetched_objects_cache = {"segments": []}
-        assistant._prefetched_objects_cache = {"segments": [segment]}
+        user_message._prefetched_objects_cache = {"segments": []}  # type: ignore[attr-defined]
+        assistant._prefetched_objects_cache = {"segments": [segment]}  # type: ignore[attr-defined]
         if not conversation.title:
             conversation.title = content.strip().splitlines()[0][:80] if content.strip() else ""
         conversation.save(update_fields=["title", "updated_at"])

@@ -245,7 +245,7 @@ class ChunkStream:
         if status in FAILED:
             out += self.error(termination_error(done))
         elif not self.error_sent:
-            out += eventstream.data(self._chunk({}, FINISH_REASONS.get(status, "stop")))
+            out += eventstream.data(self._chunk({}, FINISH_REASONS.get(str(status), "stop")))
             if self.include_usage:
                 usage = self._chunk({})
                 usage["choices"] = []

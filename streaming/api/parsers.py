@@ -8,6 +8,7 @@ applies it, and reports a body that is not UTF-8 as such rather than as a JSON e
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -61,7 +62,7 @@ class JSONBodyParser(JSONParser):
         self,
         stream: Any,
         media_type: str | None = None,
-        parser_context: dict[str, Any] | None = None,
+        parser_context: Mapping[str, Any] | None = None,
     ) -> Any:
         limit = body_limit()
         raw = stream.read(limit + 1) if limit else stream.read()

@@ -15,6 +15,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
 from streaming import selectors, services
@@ -67,7 +68,7 @@ class ConversationList(JSONView, generics.ListCreateAPIView):
     def get_queryset(self) -> QuerySet[Conversation]:
         return selectors.conversations_of(self.request.user)
 
-    def perform_create(self, serializer: ConversationSerializer) -> None:
+    def perform_create(self, serializer: BaseSerializer[Any]) -> None:
         serializer.instance = services.create_conversation(
             self.request.user,
             title=serializer.validated_data.get("title", ""),
@@ -186,7 +187,7 @@ class MessageContinue(JSONView):
         wait = _wants_wait(request)
         exchange = services.create_continuation(request.user, message_id)
         message_id = str(exchange.assistant_message.id)
-        code = status.HTTP_202_ACCEPTED
+        code: int = status.HTTP_202_ACCEPTED
         if wait:
             services.call(services.wait_until_ended, message_id)
             code = status.HTTP_200_OK

@@ -7,7 +7,7 @@ work upstream when that happens (for vLLM that means closing the HTTP stream).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -108,7 +108,7 @@ class Engine(Protocol):
     model: str
     accepts_simulation: bool
 
-    def stream(self, request: EngineRequest) -> AsyncIterator[EngineChunk]: ...
+    def stream(self, request: EngineRequest) -> AsyncGenerator[EngineChunk, None]: ...
 
     async def models(self) -> list[ModelInfo]: ...
 

@@ -25,7 +25,7 @@ import math
 import random
 import re
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,7 +249,7 @@ class SimulatedEngine:
         self.tokens_per_second = tokens_per_second
         self.jitter = jitter
 
-    def stream(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+    def stream(self, request: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
         """Validate now (ValueError), then return the stream; closing it stops at once."""
         return self._run(self._script(request, validate_simulation(request.simulation)))
 
@@ -302,7 +302,7 @@ class SimulatedEngine:
             stall_after=sim.get("stall_after_tokens"),
         )
 
-    async def _run(self, script: _Script) -> AsyncIterator[EngineChunk]:
+    async def _run(self, script: _Script) -> AsyncGenerator[EngineChunk, None]:
         loop = asyncio.get_running_loop()
         start = loop.time()
         tokens = script.tokens

@@ -16,7 +16,7 @@ Works with any OpenAI-compatible server, but the wire details it relies on are v
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -107,7 +107,7 @@ class VLLMEngine:
             ),
         )
 
-    async def stream(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+    async def stream(self, request: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
         """Yield the generation as chunks; close this iterator to abort it in vLLM.
 
         Text chunks carry ``tokens`` = 1 per content chunk plus any empty-content chunks

@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -74,7 +75,7 @@ def _entry_id(seq: int) -> str:
     return f"{seq}-1"
 
 
-def _decode(entries: list) -> list[Event]:
+def _decode(entries: Any) -> list[Event]:
     return [json.loads(fields[b"e"]) for _id, fields in entries]
 
 
@@ -201,7 +202,7 @@ class RedisStreamLog(StreamLog):
         return results
 
     async def read(self, message_id: str, after: int = 0) -> list[Event]:
-        entries = await self._redis.xrange(stream_key(message_id), min=f"({_entry_id(after)}")
+        entries: Any = await self._redis.xrange(stream_key(message_id), min=f"({_entry_id(after)}")
         return _decode(entries)
 
     async def follow(self, message_id: str, after: int = 0) -> AsyncIterator[list[Event]]:
@@ -210,7 +211,7 @@ class RedisStreamLog(StreamLog):
         delay = RETRY_FIRST_DELAY
         while True:
             try:
-                reply = await self._redis.xread(
+                reply: Any = await self._redis.xread(
                     {key: cursor}, block=self.follow_block_ms, count=1000
                 )
             except UNAVAILABLE:
@@ -228,7 +229,7 @@ class RedisStreamLog(StreamLog):
                 return
 
     async def last_seq(self, message_id: str) -> int:
-        entries = await self._redis.xrevrange(stream_key(message_id), count=1)
+        entries: Any = await self._redis.xrevrange(stream_key(message_id), count=1)
         return int(entries[0][0].split(b"-")[0]) if entries else 0
 
     async def finish(self, message_id: str) -> None:

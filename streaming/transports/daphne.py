@@ -139,7 +139,7 @@ class SendBuffer:
         if t is None:
             return None
         try:
-            return len(t.dataBuffer) - t.offset + t._tempDataLen
+            return int(len(t.dataBuffer) - t.offset + t._tempDataLen)
         except (AttributeError, TypeError) as exc:
             self._transport = None
             unavailable(SEND_BUFFER, f"the transport changed shape: {exc}")
