@@ -55,8 +55,3 @@ class Termination:
         """Record the shape of the whole answer: what a cut-off did to code and JSON."""
         self.has_unclosed_code_block = has_unclosed_code_block(text)
         self.is_valid_json = json_validity(text)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Termination:
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})

@@ -173,19 +173,25 @@ def validate_simulation(params: dict[str, Any]) -> dict[str, Any]:
     return clean
 
 
+def tokenize(text: str, seed: int = 0) -> list[bytes]:
+    """``text`` as the simulator's byte tokens, the same for the same ``seed`` (the test
+    emulator of vLLM tokenizes with this too, so both split text the same way)."""
+    return list(_tokenize([text], random.Random(seed)))
+
+
 def _tokenize(pieces: Iterable[str], rng: random.Random) -> Iterator[bytes]:
     """Split text into byte tokens the way a byte-level BPE roughly would.
 
     English words (with their leading space) stay whole up to 7 bytes; everything non-ASCII
-    is cut into 1-4 byte chunks without regard to character boundaries, which is exactly the
-    case a detokenizer must survive.
+    is cut into 1-3 byte chunks without regard to character boundaries (so a 4-byte emoji
+    is always split), which is exactly the case a detokenizer must survive.
     """
     for piece in pieces:
         for word in _PRETOKEN.findall(piece.encode()):
             if word[-1] < 0x80 and len(word) <= 7:
                 yield word
                 continue
-            low, high = (1, 4) if word[-1] >= 0x80 else (3, 6)
+            low, high = (1, 3) if word[-1] >= 0x80 else (3, 6)
             start = 0
             while start < len(word):
                 size = low + int(rng.random() * (high - low + 1))

@@ -1,7 +1,7 @@
 """An emulator of vLLM's OpenAI-compatible server, faithful on the wire, scripted per request.
 
 Why it exists: our vLLM client, the generation service and the fault tests need a server that
-behaves like vLLM byte for byte (see ``/work/shared/vllm-wire.md``) - role chunk at TTFT,
+behaves like vLLM byte for byte (see ``docs/vllm-wire.md``) - role chunk at TTFT,
 empty-content chunks, several tokens per chunk, ``stop_reason``, usage chunk, in-band
 errors, and aborting the request when the client closes the connection - without a GPU.
 
@@ -67,6 +67,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from streaming.engines.simulated import tokenize
+
 DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 DEFAULT_MAX_MODEL_LEN = 4096
 VLLM_VERSION = "0.11.0"
@@ -82,7 +84,6 @@ MAX_RECORDS = 10_000
 _DIRECTIVE = re.compile(r"\[\[emu\s+(\{.*?\})\]\]", re.DOTALL)
 # Word pieces with their leading space (like GPT-style BPE), digits, whitespace runs,
 # punctuation, then any other single character.
-_PIECE = re.compile(r" ?[A-Za-z]{1,6}| ?\d|\s+|.", re.DOTALL)
 _ERROR_TYPES = {
     400: "BadRequestError",
     404: "NotFoundError",
@@ -191,18 +192,6 @@ class RequestRecord:
         if self.outcome == "running":
             self.outcome = outcome
             self.ended_at = time.time()
-
-
-def tokenize(text: str) -> list[bytes]:
-    """Split text into byte tokens the way a byte-level BPE might (deterministically)."""
-    tokens: list[bytes] = []
-    for match in _PIECE.finditer(text):
-        raw = match.group().encode()
-        if len(raw) == 4 and len(match.group()) == 1:
-            tokens += [raw[:2], raw[2:]]  # an emoji: two tokens, neither a whole character
-        else:
-            tokens.append(raw)
-    return tokens
 
 
 def generate(

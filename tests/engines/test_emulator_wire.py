@@ -1,4 +1,4 @@
-"""Pins the emulator's raw bytes to vLLM's wire format (``/work/shared/vllm-wire.md``).
+"""Pins the emulator's raw bytes to vLLM's wire format (``docs/vllm-wire.md``).
 
 The vLLM client is only as trustworthy as the emulator it is tested against, so the
 emulator's output is checked here byte for byte, independent of our client.
@@ -6,6 +6,7 @@ emulator's output is checked here byte for byte, independent of our client.
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from streaming.engines.simulated import tokenize
 from tests.emulator.server import reset_emulator, run_emulator, wait_for_request_end
 from tests.emulator.vllm_emulator import DEFAULT_MODEL, VLLM_VERSION
 
@@ -70,22 +72,31 @@ def test_exact_stream_bytes(client: httpx.Client) -> None:
         '{"id":"chatcmpl-wire-1","object":"chat.completion.chunk",'
         f'"created":{created},"model":"{M}",'
     )
+    # One chunk per token (the simulator's tokenizer): a token that ends inside the emoji
+    # carries "" (no complete character yet), the one that completes it carries all of it.
+    tokens = tokenize("Hi🚀")
+    assert len(tokens) > 2, "the emoji is split across tokens"
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    contents = [decoder.decode(token) for token in tokens]
+    assert "" in contents and contents[-1].endswith("🚀")
+    completion = len(tokens) + 1  # + end of sequence
     expected = "".join(
         f"data: {event}\n\n"
         for event in [
             head + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
             '"logprobs":null,"finish_reason":null}]}',
-            head + '"choices":[{"index":0,"delta":{"content":"Hi"},'
-            '"logprobs":null,"finish_reason":null}]}',
-            # first half of the emoji: no complete character yet
-            head + '"choices":[{"index":0,"delta":{"content":""},'
-            '"logprobs":null,"finish_reason":null}]}',
-            head + '"choices":[{"index":0,"delta":{"content":"🚀"},'
-            '"logprobs":null,"finish_reason":null}]}',
+            *(
+                head
+                + '"choices":[{"index":0,"delta":{"content":'
+                + f'"{text}"'
+                + '},"logprobs":null,"finish_reason":null}]}'
+                for text in contents
+            ),
             head + '"choices":[{"index":0,"delta":{"content":""},'
             '"logprobs":null,"finish_reason":"stop","stop_reason":null}]}',
             head + '"choices":[],"usage":'
-            f'{{"prompt_tokens":{prompt},"total_tokens":{prompt + 4},"completion_tokens":4}}}}',
+            f'{{"prompt_tokens":{prompt},"total_tokens":{prompt + completion},'
+            f'"completion_tokens":{completion}}}}}',
             "[DONE]",
         ]
     )
@@ -293,7 +304,8 @@ def test_non_streaming_completion(client: httpx.Client) -> None:
     assert choice["message"]["role"] == "assistant"
     assert choice["message"]["content"] == "Hello 🚀"
     assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", None)
-    assert data["usage"]["completion_tokens"] == 5  # Hello, " ", two emoji halves, EOS
+    # The emoji is split across tokens; + 1 for the end of sequence.
+    assert data["usage"]["completion_tokens"] == len(tokenize("Hello 🚀")) + 1 > 3
 
 
 def test_health_models_version(client: httpx.Client) -> None:

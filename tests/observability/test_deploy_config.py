@@ -16,7 +16,7 @@ from streaming import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "streamchat.json"
-# vLLM's metrics the dashboard may use (/work/shared/vllm-wire.md, vLLM's /metrics).
+# vLLM's metrics the dashboard may use (docs/vllm-wire.md).
 VLLM_METRICS = {
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",

@@ -326,13 +326,14 @@ maxTokensInput.placeholder = String(config.defaultMaxTokens);
 // --- readiness: is the engine reachable? -----------------------------------------------
 function unreadyReason(body) {
   if (!body) return "Sending is paused: the server cannot be reached.";
+  // /readyz names what is down in `down` and says why in `checks` (streaming/health.py).
   const down = body.down || [];
+  if (down.includes("process")) return "Sending is paused: the server is restarting.";
   if (down.includes("engine")) {
-    const detail = body.checks && body.checks.engine !== "unhealthy" ? ` (${body.checks.engine})` : "";
+    const detail = body.checks && body.checks.engine ? ` (${body.checks.engine})` : "";
     return `Sending is paused: the model engine is unreachable${detail}.`;
   }
   if (down.length) return `Sending is paused: the server cannot reach its ${down.join(" and ")}.`;
-  if (body.accepting === false) return "Sending is paused: the server is restarting.";
   return "Sending is paused: the server is not ready.";
 }
 
