@@ -3,8 +3,8 @@
 Every Django view here is synchronous (DRF, the admin, the pages). Under ASGI, Django runs
 middleware that can be async on the event loop, and a ``MiddlewareMixin`` then hops to the
 request's thread for each of its hooks: about fifteen thread switches per request. Marked
-synchronous-only, the whole stack and the view run in that thread, entered once. Measured
-on message creation: 12.6 ms of server CPU per request instead of 15.1.
+synchronous-only, the whole stack and the view run in that thread, entered once
+(docs/performance.md has the figures).
 
 Streams never pass through here: they are Channels consumers, routed before Django.
 """

@@ -5,8 +5,8 @@ point); ``GenerationParamsSerializer`` only documents them in the OpenAPI schema
 
 Messages and segments are described on the path of every answer (its creation answers
 with both messages), so their serializers read the listed attributes directly: a
-``ModelSerializer`` builds its fields from the model on every instance, which was most of
-the cost of describing a message. The declared fields still define the schema, and a test
+``ModelSerializer`` builds its fields from the model on every instance, which costs more
+than the description itself. The declared fields still define the schema, and a test
 checks that both ways give the same JSON.
 """
 

@@ -9,8 +9,7 @@ rate where round trips are shorter than the gaps between tokens the appends of m
 generations still share one round trip. A batch is one call of a server-side script
 (``APPEND_SCRIPT``: the ``XADD`` and ``EXPIRE`` commands, each applied on its own as in a
 non-transactional pipeline), so the client encodes one command and parses one reply per
-batch instead of one per event: the per-command work of a client pipeline was the
-largest part of this process's CPU per token.
+batch instead of one per event (per-command client work is the costly part of a pipeline).
 
 Redis going away (a restart, a failover) is waited out: a batch whose connection failed
 is sent again with backoff for up to ``UNAVAILABLE_RETRY_SECONDS`` while later appends

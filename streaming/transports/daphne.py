@@ -10,9 +10,9 @@ Two things the product needs are not in ASGI:
   writing while the client is not reading and close the connection if that lasts.
 - **Write-through.** Twisted never sends in ``write``: it queues the bytes and sends on the
   reactor's next writability pass (on the asyncio reactor, two ``epoll_ctl`` calls, a
-  selector-map update and a callback per frame, about a tenth of the CPU per delivered
-  token). ``install_write_through`` makes Twisted's plain TCP connections try the socket
-  first, as asyncio's transports do, and queue only what it did not take. Bytes not taken
+  selector-map update and a callback per frame). ``install_write_through`` makes Twisted's
+  plain TCP connections try the socket first, as asyncio's transports do, and queue only
+  what it did not take. Bytes not taken
   are queued and sent the usual way, a failed send is left to the queued path to report,
   TLS connections and connections with bytes queued keep Twisted's behaviour, so order
   is kept and ``SendBuffer`` still sees what is unsent.
