@@ -1,7 +1,14 @@
-"""Generation parameters a client may set, validated the same way for every entry point."""
+"""Generation parameters a client may set: one schema, for validation and for the docs.
+
+``NUMBERS`` and the ``stop`` bounds below are the only statement of the rules:
+``validate_params`` (every entry point: REST, WebSocket, the OpenAI endpoint) applies them,
+and ``streaming.api.serializers`` builds the OpenAPI description of ``params`` from them,
+so the documented bounds are the enforced ones.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -16,15 +23,59 @@ class ParamError(ValueError):
         self.message = message
 
 
+@dataclass(frozen=True, slots=True)
+class Number:
+    """A numeric parameter; ``high`` may name a Django setting (read when validating)."""
+
+    integer: bool
+    low: float | None = None
+    high: float | str | None = None
+
+    def bounds(self) -> tuple[float | None, float | None]:
+        high = getattr(settings, self.high) if isinstance(self.high, str) else self.high
+        return self.low, high
+
+
+NUMBERS: dict[str, Number] = {
+    "max_tokens": Number(integer=True, low=1, high="MAX_TOKENS_CAP"),
+    "temperature": Number(integer=False, low=0, high=2),
+    "top_p": Number(integer=False, low=0, high=1),
+    "seed": Number(integer=True),
+}
+# ``stop``: a string or a list of at most MAX_STOP_SEQUENCES strings of 1..MAX_STOP_CHARS.
+MAX_STOP_CHARS = 200
 ALLOWED = ("max_tokens", "temperature", "top_p", "stop", "seed", "simulation")
 
 
-def _number(name: str, value: Any, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ParamError(name, "must be a number")
-    if not low <= value <= high:
-        raise ParamError(name, f"must be between {low} and {high}")
-    return float(value)
+def max_stop_sequences() -> int:
+    count: int = settings.MAX_STOP_SEQUENCES
+    return count
+
+
+def _number(name: str, spec: Number, value: Any) -> int | float:
+    field = f"params.{name}"
+    if spec.integer:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ParamError(field, "must be an integer")
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise ParamError(field, "must be a number")
+    low, high = spec.bounds()
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ParamError(field, f"must be between {low:g} and {high:g}")
+    return value if spec.integer else float(value)
+
+
+def _stop(raw: Any) -> list[str]:
+    stop = [raw] if isinstance(raw, str) else raw
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise ParamError("params.stop", "must be a non-empty string or a list of them")
+    if len(stop) > max_stop_sequences():
+        raise ParamError("params.stop", f"at most {max_stop_sequences()} sequences")
+    if any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise ParamError(
+            "params.stop", f"each stop sequence is at most {MAX_STOP_CHARS} characters"
+        )
+    return stop
 
 
 def validate_params(raw: Any, *, accepts_simulation: bool) -> dict[str, Any]:
@@ -37,35 +88,11 @@ def validate_params(raw: Any, *, accepts_simulation: bool) -> dict[str, Any]:
     if unknown:
         raise ParamError(f"params.{unknown[0]}", "is not a known parameter")
     clean: dict[str, Any] = {}
-    if raw.get("max_tokens") is not None:
-        value = raw["max_tokens"]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ParamError("params.max_tokens", "must be an integer")
-        if not 1 <= value <= settings.MAX_TOKENS_CAP:
-            raise ParamError(
-                "params.max_tokens", f"must be between 1 and {settings.MAX_TOKENS_CAP}"
-            )
-        clean["max_tokens"] = value
-    if raw.get("temperature") is not None:
-        clean["temperature"] = _number("params.temperature", raw["temperature"], 0.0, 2.0)
-    if raw.get("top_p") is not None:
-        clean["top_p"] = _number("params.top_p", raw["top_p"], 0.0, 1.0)
-    if raw.get("seed") is not None:
-        seed = raw["seed"]
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ParamError("params.seed", "must be an integer")
-        clean["seed"] = seed
+    for name, spec in NUMBERS.items():
+        if raw.get(name) is not None:
+            clean[name] = _number(name, spec, raw[name])
     if raw.get("stop") is not None:
-        stop = raw["stop"]
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            raise ParamError("params.stop", "must be a non-empty string or a list of them")
-        if len(stop) > settings.MAX_STOP_SEQUENCES:
-            raise ParamError("params.stop", f"at most {settings.MAX_STOP_SEQUENCES} sequences")
-        if any(len(s) > 200 for s in stop):
-            raise ParamError("params.stop", "each stop sequence is at most 200 characters")
-        clean["stop"] = stop
+        clean["stop"] = _stop(raw["stop"])
     if raw.get("simulation") is not None:
         if not accepts_simulation:
             raise ParamError(
@@ -77,4 +104,4 @@ def validate_params(raw: Any, *, accepts_simulation: bool) -> dict[str, Any]:
             clean["simulation"] = validate_simulation(raw["simulation"])
         except ValueError as exc:
             raise ParamError("params.simulation", str(exc)) from exc
-    return clean
+    return {name: clean[name] for name in ALLOWED if name in clean}

@@ -1,7 +1,8 @@
 """API representations. Output only describes; writes go through ``streaming.services``.
 
 Generation parameters are validated by ``streaming.params`` (the same rules for every entry
-point); ``GenerationParamsSerializer`` only documents them in the OpenAPI schema.
+point); ``GenerationParamsSerializer`` is built from that module's schema, so the OpenAPI
+description states exactly the bounds that are enforced.
 
 Messages and segments are described on the path of every answer (its creation answers
 with both messages), so their serializers read the listed attributes directly: a
@@ -21,6 +22,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from streaming import params
 from streaming.models import Conversation, Message, Segment
 
 
@@ -119,20 +121,36 @@ class SimulationSerializer(serializers.Serializer):
     seed = serializers.IntegerField(required=False)
 
 
-class GenerationParamsSerializer(serializers.Serializer):
-    max_tokens = serializers.IntegerField(
-        required=False, min_value=1, max_value=settings.MAX_TOKENS_CAP
-    )
-    temperature = serializers.FloatField(required=False, min_value=0, max_value=2)
-    top_p = serializers.FloatField(required=False, min_value=0, max_value=1)
-    stop = serializers.ListField(
-        child=serializers.CharField(max_length=200),
-        required=False,
-        max_length=settings.MAX_STOP_SEQUENCES,
-        help_text="a string or a list of strings",
-    )
-    seed = serializers.IntegerField(required=False)
-    simulation = SimulationSerializer(required=False)
+def _number_field(spec: params.Number) -> serializers.Field:
+    low, high = spec.bounds()
+    bounds: dict[str, Any] = {}
+    if low is not None:
+        bounds["min_value"] = int(low) if spec.integer else low
+    if high is not None:
+        bounds["max_value"] = int(high) if spec.integer else high
+    field = serializers.IntegerField if spec.integer else serializers.FloatField
+    return field(required=False, **bounds)
+
+
+def _param_field(name: str) -> serializers.Field:
+    if name in params.NUMBERS:
+        return _number_field(params.NUMBERS[name])
+    if name == "stop":
+        return serializers.ListField(
+            child=serializers.CharField(max_length=params.MAX_STOP_CHARS),
+            required=False,
+            max_length=params.max_stop_sequences(),
+            help_text="a string or a list of strings",
+        )
+    return SimulationSerializer(required=False)
+
+
+# Fields made in ``params.ALLOWED``'s order: DRF orders declared fields by creation.
+GenerationParamsSerializer = type(
+    "GenerationParamsSerializer",
+    (serializers.Serializer,),
+    {"__module__": __name__, **{name: _param_field(name) for name in params.ALLOWED}},
+)
 
 
 @extend_schema_field(GenerationParamsSerializer(allow_null=True))
