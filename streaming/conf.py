@@ -128,6 +128,8 @@ def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
             "BACKEND": "streaming.engines.vllm.VLLMEngine",
             "LOCATION": engine_url,
             "MODEL": env.get("ENGINE_MODEL", ""),
+            # The engine's read timeout is the stall timeout.
+            "READ_TIMEOUT": config.get("STALL_TIMEOUT", DEFAULTS["STALL_TIMEOUT"]),
         }
         if env.get("ENGINE_API_KEY"):
             engine["API_KEY"] = env["ENGINE_API_KEY"]

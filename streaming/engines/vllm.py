@@ -23,8 +23,6 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource, SSEError
 
-from streaming.conf import streaming_settings
-
 from .base import (
     EngineChunk,
     EngineError,
@@ -75,13 +73,11 @@ class VLLMEngine:
         *,
         api_key: str | None = None,
         connect_timeout: float = 5.0,
-        read_timeout: float | None = None,
+        read_timeout: float = 30.0,
         max_connections: int = 1000,
     ) -> None:
-        """``location``: the server's base URL; ``read_timeout`` defaults to the stall
-        timeout (``STREAMING["STALL_TIMEOUT"]``)."""
-        if read_timeout is None:
-            read_timeout = streaming_settings.STALL_TIMEOUT
+        """``location``: the server's base URL; ``read_timeout``: the longest silence
+        before the stream counts as stalled (settings pass the stall timeout)."""
         root = location.rstrip("/")
         if root.endswith("/v1"):
             root = root[: -len("/v1")]

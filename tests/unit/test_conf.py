@@ -62,6 +62,9 @@ def test_service_urls_pick_backends_by_path():
     assert config["PRESENCE"]["BACKEND"] == "streaming.presence.redis.RedisPresence"
     assert config["ENGINES"]["default"]["LOCATION"] == "http://e"
     assert config["ENGINES"]["default"]["MODEL"] == "m"
+    assert config["ENGINES"]["default"]["READ_TIMEOUT"] == DEFAULTS["STALL_TIMEOUT"]
+    stalls = from_environ({"ENGINE_URL": "http://e", "STREAM_STALL_TIMEOUT": "4"})
+    assert stalls["ENGINES"]["default"]["READ_TIMEOUT"] == 4.0
 
 
 def test_overrides_apply_at_once_and_unknown_keys_are_refused():
