@@ -151,23 +151,10 @@ DATABASE_THREADS = env_int("DATABASE_THREADS", 4)
 # thousands of threads onto the pool. Streams are not Django requests and never wait here.
 REQUEST_CONCURRENCY = env_int("REQUEST_CONCURRENCY", 32)
 
+# Redis (the event log, presence and control: the STREAMING backends below). No Channels
+# layer is configured: nothing uses one (control has its own connection, tokens never
+# travel through a layer), so no consumer opens a channel or a receive per connection.
 REDIS_URL = os.environ.get("REDIS_URL", "")
-if REDIS_URL:
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {
-                # channels_redis blocks 5 s per receive; redis-py's default socket timeout
-                # is also 5 s, which turns every idle receive into a timeout error.
-                "hosts": [
-                    {"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 5}
-                ],
-                "prefix": "chat:layer",
-            },
-        }
-    }
-else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -61,13 +61,18 @@ DEFAULTS: dict[str, Any] = {
     "HUB_MAX_EVENTS": 512,
     # How long deleting a conversation or the admin's Stop waits for answers to end.
     "STOP_WAIT": 5.0,
-    # The event log, reader presence and engines: {"BACKEND": path, **options}.
+    # The largest WebSocket frame a client may send, in characters, and how many messages
+    # one socket may follow at once.
+    "WS_MAX_FRAME_CHARS": 64 * 1024,
+    "WS_MAX_SUBSCRIPTIONS": 64,
+    # The event log, reader presence, control and engines: {"BACKEND": path, **options}.
     "LOG": {"BACKEND": "streaming.streamlog.memory.MemoryStreamLog"},
     "PRESENCE": {"BACKEND": "streaming.presence.memory.MemoryPresence"},
+    "CONTROL": {"BACKEND": "streaming.control.memory.MemoryControl"},
     "ENGINES": {"default": {"BACKEND": "streaming.engines.simulated.SimulatedEngine"}},
 }
 
-BACKEND_KEYS = ("LOG", "PRESENCE", "ENGINES")
+BACKEND_KEYS = ("LOG", "PRESENCE", "CONTROL", "ENGINES")
 # The service variables ``from_environ`` reads besides ``STREAM_<KEY>``.
 SERVICE_VARIABLES = (
     "REDIS_URL",
@@ -120,6 +125,10 @@ def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         }
         config["PRESENCE"] = {
             "BACKEND": "streaming.presence.redis.RedisPresence",
+            "LOCATION": redis_url,
+        }
+        config["CONTROL"] = {
+            "BACKEND": "streaming.control.redis.RedisControl",
             "LOCATION": redis_url,
         }
     engine_url = env.get("ENGINE_URL", "")

@@ -72,7 +72,6 @@ class Lifecycle:
             await asyncio.sleep(streaming_settings.HEARTBEAT_INTERVAL)
             try:
                 await self.presence.beat()
-                await self.control.renew()
             except Exception:
                 log.warning("heartbeat failed (Redis unreachable?)")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from streaming.control import Control
+from streaming.control.base import Control
 from streaming.generation import Backends, Generation, SegmentPlan
 
 CANCEL = "generation.cancel"

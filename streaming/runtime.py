@@ -19,7 +19,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from streaming.conf import streaming_settings
-from streaming.control import Control
+from streaming.control import build_control
 from streaming.engines import build_engines
 from streaming.generation import Backends, Generation, SegmentPlan
 from streaming.hub import Hub
@@ -41,7 +41,7 @@ class Runtime:
         self.hub = Hub(self.log, streaming_settings.HUB_MAX_EVENTS)
         self.engines = build_engines()
         self.engine = self.engines["default"]
-        self.control = Control()
+        self.control = build_control()
         self.generations = Generations(self.control)
         self.presence = build_presence(self.worker_id, self.generations)
         self.backends = Backends(self.log, self.hub, self.presence, self.engine, self.worker_id)

@@ -43,12 +43,6 @@ def cursor_of(scope: dict[str, Any]) -> int:
 
 
 class MessageStreamConsumer(TaskedHttpConsumer):
-    # No per-connection channel: control traffic goes through the runtime's one channel
-    # (streaming.control). A channel per connection costs a layer receive per consumer and,
-    # with Redis, ends every open stream when Redis is slow or restarting. An alias that is
-    # not configured is how Channels is told "no layer" (get_channel_layer returns None).
-    channel_layer_alias = "streams-use-no-channel-layer"
-
     async def http_request(self, message: dict[str, Any]) -> None:
         """Start the stream and return, so ``http.disconnect`` can still be received."""
         if "body" in message:

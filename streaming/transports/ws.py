@@ -33,8 +33,6 @@ from streaming.transports.daphne import SendBuffer, frame_send
 
 log = logging.getLogger(__name__)
 
-MAX_FRAME_CHARS = 64 * 1024
-MAX_SUBSCRIPTIONS = 64
 CLOSE_SLOW_CONSUMER = 4408
 CLOSE_GOING_AWAY = 1001
 
@@ -48,12 +46,6 @@ class FrameError(Exception):
 
 
 class ChatConsumer(AsyncWebsocketConsumer):
-    # No per-connection channel: control traffic goes through the runtime's one channel
-    # (streaming.control). A channel per connection costs a layer receive per consumer and,
-    # with Redis, ends every open stream when Redis is slow or restarting. An alias that is
-    # not configured is how Channels is told "no layer" (get_channel_layer returns None).
-    channel_layer_alias = "streams-use-no-channel-layer"
-
     async def connect(self) -> None:
         # Accept first; the user is resolved meanwhile and awaited by the first frame.
         self.user: Any = None
@@ -110,8 +102,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
     def _parse(self, text_data: str | None, bytes_data: bytes | None) -> dict[str, Any]:
         if text_data is None:
             raise FrameError("binary_frame", "binary frames are not accepted; send JSON text")
-        if len(text_data) > MAX_FRAME_CHARS:
-            raise FrameError("frame_too_large", f"frames are limited to {MAX_FRAME_CHARS} chars")
+        limit = streaming_settings.WS_MAX_FRAME_CHARS
+        if len(text_data) > limit:
+            raise FrameError("frame_too_large", f"frames are limited to {limit} chars")
         try:
             frame = json.loads(text_data)
         except ValueError:
@@ -205,8 +198,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
         old = self.subscriptions.pop(message_id, None)
         if old is not None:
             old.cancel()
-        if len(self.subscriptions) >= MAX_SUBSCRIPTIONS:
-            raise FrameError("too_many_subscriptions", f"at most {MAX_SUBSCRIPTIONS} at once")
+        most = streaming_settings.WS_MAX_SUBSCRIPTIONS
+        if len(self.subscriptions) >= most:
+            raise FrameError("too_many_subscriptions", f"at most {most} at once")
         await self._send_json(
             {"type": "subscribed", "message_id": message_id, "after": after, "status": state.status}
         )

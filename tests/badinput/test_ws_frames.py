@@ -15,7 +15,7 @@ import httpx
 import pytest
 import websockets
 
-from streaming.transports.ws import MAX_FRAME_CHARS
+from streaming.conf import DEFAULTS
 from tests.support.clients import auth, create_conversation, post_message
 
 pytestmark = pytest.mark.asyncio
@@ -69,7 +69,7 @@ async def test_malformed_frames_get_error_frames_and_the_socket_keeps_working(da
         assert (await error_for(ws, "[1, 2]"))["code"] == "invalid_frame"
         assert (await error_for(ws, "42"))["code"] == "invalid_frame"
         assert (await error_for(ws, "null"))["code"] == "invalid_frame"
-        oversized = json.dumps({"type": "ping", "pad": "x" * MAX_FRAME_CHARS})
+        oversized = json.dumps({"type": "ping", "pad": "x" * DEFAULTS["WS_MAX_FRAME_CHARS"]})
         assert (await error_for(ws, oversized))["code"] == "frame_too_large"
         just_under_daphne_limit = json.dumps({"type": "ping", "pad": "y" * (1000 * 1000)})
         assert (await error_for(ws, just_under_daphne_limit))["code"] == "frame_too_large"
