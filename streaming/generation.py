@@ -214,8 +214,10 @@ class Generation:
         detok = Detokenizer()
         stops = StopFilter(request.stop)
         termination = Termination(status=Status.COMPLETE.value, worker=self.backends.worker_id)
-        stream = engine.stream(request)
+        stream: AsyncGenerator[EngineChunk, None] | None = None
         try:
+            # Inside the try: an engine that refuses the request up front still ends it.
+            stream = engine.stream(request)
             await self._emit(
                 [
                     events.start(
@@ -261,8 +263,9 @@ class Generation:
                 self._stall_timer.cancel()
                 self._stall_timer = None
             # Closing the engine stream aborts the request upstream (vLLM: HTTP close).
-            with contextlib.suppress(Exception):
-                await stream.aclose()
+            if stream is not None:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()
             termination.duration_ms = (time.monotonic() - self.started_at) * 1000
         # Ended without a stop match so far: what was held back (a partial character, a
         # prefix of a stop string) is real output - unless it completes a stop string now.

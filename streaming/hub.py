@@ -186,11 +186,14 @@ class Hub:
             topic.publish(events)
 
     def close_local(self, message_id: str) -> None:
+        """The local generation ended. Its ``done`` is here, unless another process (a
+        reaper) owned the end: then the readers still waiting follow the log for it."""
         topic = self.topics.get(message_id)
         if topic is None:
             return
         topic.local = False
-        topic.ended = True
+        topic.ended = bool(topic.events) and topic.events[-1]["type"] == DONE
+        topic.wake()
         self._release(topic)
 
     # --- the reading side -----------------------------------------------------------

@@ -13,6 +13,7 @@ waits for a message's end. Both read through the hub's and the log's public API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -258,7 +259,8 @@ async def wait_until_ended(
     the message's log is followed until its ``done`` (the generating process may be
     remote)."""
     if finished is not None:
-        await asyncio.wait_for(finished.wait(), limit)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(finished.wait(), limit)
         return
     last, status = await database.run(
         lambda: Message.objects.values_list("last_seq", "status").get(id=message_id)

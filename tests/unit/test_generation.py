@@ -1,0 +1,519 @@
+"""The generation service on the in-memory backends, driven by a scripted engine.
+
+Every termination path ends the same way: one ``done`` closing the segment, with seqs
+increasing by one, and the database record saying what the log says. What a reader got
+from the hub is what the log holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+import pytest
+from django.test import override_settings
+from prometheus_client import REGISTRY
+
+from streaming import database, events
+from streaming.control.memory import MemoryControl
+from streaming.engines.base import EngineChunk, EngineError, EngineRequest, EngineTimeout, Usage
+from streaming.generation import Backends, Generation
+from streaming.hub import Hub
+from streaming.models import Segment
+from streaming.presence.memory import MemoryPresence
+from streaming.registry import Generations
+from streaming.streamlog import StreamLog
+from streaming.streamlog.memory import MemoryStreamLog
+from streaming.termination import Status
+from tests.unit.scripted import (
+    MODEL,
+    Answer,
+    Do,
+    Gate,
+    ScriptedEngine,
+    Step,
+    add_segment,
+    chunk,
+    create_answer,
+    load_message,
+    load_segments,
+    plan_for,
+    termination_of,
+    texts,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+WORKER = "tests:generation:1"
+# Only a guard against a hang: every wait below ends on an event long before this.
+HANG = 10.0
+
+
+async def collect(hub: Hub, message_id: str, after: int) -> list[events.Event]:
+    """What a local reader gets from the hub, until the segment's ``done``."""
+    got: list[events.Event] = []
+    async for batch in hub.read(message_id, after):
+        assert batch is not None
+        got.extend(batch)
+    return got
+
+
+@dataclass
+class Run:
+    generation: Generation
+    engine: ScriptedEngine
+    log: StreamLog
+    hub: Hub
+    reader: asyncio.Task[list[events.Event]]
+
+    @property
+    def message_id(self) -> str:
+        return self.generation.message_id
+
+
+async def launch(
+    answer: Answer,
+    script: list[Step],
+    *,
+    log: StreamLog | None = None,
+    hub: Hub | None = None,
+    **plan: object,
+) -> Run:
+    log = log or MemoryStreamLog()
+    hub = hub or Hub(log)
+    engine = ScriptedEngine(script)
+    generations = Generations(MemoryControl())
+    presence = MemoryPresence(worker_id=WORKER, listener=generations)
+    segment_plan = plan_for(answer, **plan)  # type: ignore[arg-type]
+    # The reader attaches first, so it gets every event from the generation's publishes.
+    reader = asyncio.create_task(collect(hub, segment_plan.message_id, segment_plan.first_seq - 1))
+    generation = generations.launch(segment_plan, Backends(log, hub, presence, engine, WORKER))
+    return Run(generation, engine, log, hub, reader)
+
+
+async def finish(run: Run, *, first_seq: int = 1, base_text: str = "") -> list[events.Event]:
+    """Wait for the end and check that log, readers and record agree; the segment's events."""
+    await asyncio.wait_for(run.generation.finished.wait(), HANG)
+    published = await asyncio.wait_for(run.reader, HANG)
+    logged = await run.log.read(run.message_id, first_seq - 1)
+    seqs = [e["seq"] for e in logged]
+    assert seqs == list(range(first_seq, first_seq + len(logged))), "seqs increase by one"
+    kinds = [e["type"] for e in logged]
+    assert kinds[0] == events.START
+    assert kinds.count(events.DONE) == 1 and kinds[-1] == events.DONE, kinds
+    assert published == logged, "a reader got exactly what the log holds"
+    done = logged[-1]
+    message = await load_message(run.message_id)
+    assert message.content == base_text + "".join(texts(logged))
+    assert message.status == done["status"]
+    assert message.last_seq == done["seq"]
+    assert message.termination == termination_of(done)
+    assert run.generation.termination is not None
+    assert run.generation.termination.as_dict() == termination_of(done)
+    started = bool(run.engine.requests)  # an async generator runs from its first anext
+    assert run.engine.closed.is_set() or not started, "a started engine stream is closed"
+    return logged
+
+
+def metric(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+@pytest.fixture
+async def answer() -> Answer:
+    return await create_answer(WORKER)
+
+
+# --- natural ends ------------------------------------------------------------------------
+async def test_a_complete_answer(answer: Answer) -> None:
+    run = await launch(
+        answer,
+        [chunk("Hello"), chunk(", "), chunk("world"), chunk(finish_reason="stop")],
+    )
+    logged = await finish(run)
+    assert logged[0] == events.start(1, message_id=answer.message_id, segment=0, model=MODEL)
+    assert texts(logged) == ["Hello", ", ", "world"]
+    done = logged[-1]
+    assert (done["status"], done["finish_reason"], done["stop_reason"]) == (
+        Status.COMPLETE,
+        "stop",
+        None,
+    )
+    assert done["completion_tokens"] == 3
+    assert done["worker"] == WORKER
+    assert done["segment"] == 0
+    [segment] = await load_segments(answer.message_id)
+    assert (segment.status, segment.start_offset, segment.end_offset) == (
+        Status.COMPLETE,
+        0,
+        len("Hello, world"),
+    )
+    assert run.engine.requests[0].stop == []
+
+
+async def test_length_truncates_and_the_usage_after_the_reason_is_kept(answer: Answer) -> None:
+    run = await launch(
+        answer,
+        [
+            chunk("one"),
+            chunk(" two", finish_reason="length"),
+            # vLLM sends usage after the finish reason: the generation keeps reading.
+            chunk(usage=Usage(prompt_tokens=7, completion_tokens=2)),
+        ],
+    )
+    done = (await finish(run))[-1]
+    assert (done["status"], done["finish_reason"]) == (Status.TRUNCATED, "length")
+    assert (done["prompt_tokens"], done["completion_tokens"]) == (7, 2)
+
+
+async def test_a_stop_string_split_over_chunks_is_never_shown(answer: Answer) -> None:
+    run = await launch(
+        answer,
+        [chunk("Hello E"), chunk("N"), chunk("D and more"), chunk("never read")],
+        stop=["END"],
+    )
+    logged = await finish(run)
+    assert texts(logged) == ["Hello "], "the held-back 'E' and 'N' never reach a reader"
+    done = logged[-1]
+    assert (done["status"], done["finish_reason"], done["stop_reason"]) == (
+        Status.STOPPED,
+        "stop",
+        "END",
+    )
+    assert run.engine.steps_run == 3, "the stream is closed at the match"
+    [segment] = await load_segments(answer.message_id)
+    assert (segment.status, segment.stop_reason) == (Status.STOPPED, "END")
+    assert (await load_message(answer.message_id)).content == "Hello "
+
+
+async def test_a_held_back_prefix_that_is_no_stop_string_is_shown(answer: Answer) -> None:
+    run = await launch(answer, [chunk("Hello E"), chunk("N"), chunk("x")], stop=["END"])
+    logged = await finish(run)
+    assert texts(logged) == ["Hello ", "ENx"]
+    assert logged[-1]["status"] == Status.COMPLETE
+
+
+async def test_a_prefix_held_back_at_the_end_is_real_output(answer: Answer) -> None:
+    run = await launch(answer, [chunk("Hello E"), chunk("N", finish_reason="stop")], stop=["END"])
+    logged = await finish(run)
+    assert texts(logged) == ["Hello ", "EN"]
+    assert (logged[-1]["status"], logged[-1]["stop_reason"]) == (Status.COMPLETE, None)
+
+
+@pytest.mark.parametrize("stop_reason", ["</answer>", 50256])
+async def test_a_stop_string_the_engine_matched(answer: Answer, stop_reason: str | int) -> None:
+    run = await launch(answer, [chunk("42"), chunk(finish_reason="stop", stop_reason=stop_reason)])
+    done = (await finish(run))[-1]
+    assert (done["status"], done["stop_reason"]) == (Status.STOPPED, stop_reason)
+    [segment] = await load_segments(answer.message_id)
+    assert segment.stop_reason == str(stop_reason)
+
+
+async def test_a_character_split_over_token_bytes_is_emitted_whole(answer: Answer) -> None:
+    rocket = "🚀".encode()
+    assert len(rocket) == 4
+    script: list[Step] = [chunk(token_bytes=b"A", tokens=1)]
+    script += [chunk(token_bytes=rocket[i : i + 1], tokens=1) for i in range(4)]
+    script += [chunk(token_bytes=b"!", tokens=1), chunk(token_bytes=rocket[:2], tokens=1)]
+    script += [chunk(token_bytes=rocket[2:], tokens=1, finish_reason="stop")]
+    run = await launch(answer, script)
+    logged = await finish(run)
+    shown = texts(logged)
+    assert "".join(shown) == "A🚀!🚀"
+    assert all("\ufffd" not in text for text in shown)
+    assert sum(text.count("🚀") for text in shown) == 2, "each rocket in one piece"
+    assert logged[-1]["completion_tokens"] == 8
+
+
+# --- failures ------------------------------------------------------------------------------
+async def test_an_engine_error_mid_stream(answer: Answer) -> None:
+    run = await launch(
+        answer,
+        [chunk("partial"), EngineError("upstream exploded", "EngineError", 502), chunk("no")],
+    )
+    logged = await finish(run)
+    assert [e["type"] for e in logged] == ["start", "delta", "error", "done"]
+    assert logged[2]["error"] == {
+        "message": "upstream exploded",
+        "type": "EngineError",
+        "code": 502,
+    }
+    done = logged[-1]
+    assert (done["status"], done["error_type"], done["error_code"]) == (
+        Status.ERROR,
+        "EngineError",
+        "502",
+    )
+    assert done["error_message"] == "upstream exploded"
+    assert (await load_message(answer.message_id)).content == "partial"
+
+
+async def test_an_engine_read_timeout_is_a_stall(answer: Answer) -> None:
+    run = await launch(answer, [chunk("a"), EngineTimeout("no byte for 30 s")])
+    logged = await finish(run)
+    assert logged[-2]["type"] == events.ERROR
+    assert (logged[-1]["status"], logged[-1]["error_type"]) == (Status.STALLED, "EngineTimeout")
+
+
+async def test_an_unexpected_failure_still_ends_cleanly(answer: Answer) -> None:
+    run = await launch(answer, [chunk("a"), RuntimeError("a bug")])
+    logged = await finish(run)
+    assert logged[-2]["error"]["type"] == "InternalError"
+    assert (logged[-1]["status"], logged[-1]["error_message"]) == (Status.ERROR, "a bug")
+
+
+async def test_the_engine_aborting_the_request_is_an_error(answer: Answer) -> None:
+    run = await launch(answer, [chunk("cut"), chunk(finish_reason="abort")])
+    done = (await finish(run))[-1]
+    assert (done["status"], done["finish_reason"], done["error_type"]) == (
+        Status.ERROR,
+        "abort",
+        "EngineAborted",
+    )
+
+
+async def test_an_engine_that_goes_silent_stalls(answer: Answer) -> None:
+    never = Gate()
+    with override_settings(STREAMING={"STALL_TIMEOUT": 0.05}):
+        run = await launch(answer, [chunk("so far"), never, chunk("never")])
+        logged = await finish(run)
+    done = logged[-1]
+    assert (done["status"], done["error_type"]) == (Status.STALLED, "Stalled")
+    assert texts(logged) == ["so far"]
+    assert never.reached.is_set() and not never.opened.is_set()
+
+
+# --- cancels -------------------------------------------------------------------------------
+async def test_a_cancel_while_waiting_on_the_engine(answer: Answer) -> None:
+    gate = Gate()
+    run = await launch(answer, [chunk("thinking"), gate, chunk("never")])
+    await asyncio.wait_for(gate.reached.wait(), HANG)
+    before = metric("chat_cancels_total")
+    assert run.generation.cancel(Status.CANCELLED.value)
+    assert not run.generation.cancel(Status.CANCELLED.value), "a second cancel is refused"
+    logged = await finish(run)
+    assert logged[-1]["status"] == Status.CANCELLED
+    assert texts(logged) == ["thinking"]
+    assert metric("chat_cancels_total") == before + 1
+    assert not gate.opened.is_set()
+    assert not run.generation.cancel(Status.CANCELLED.value), "nothing to cancel once ended"
+
+
+async def test_a_cancel_before_the_first_event_lets_it_out_whole(answer: Answer) -> None:
+    run = await launch(answer, [chunk("never")])
+    # The task has not run yet: the cancel cannot interrupt anything, only be noticed.
+    assert run.generation.cancel(Status.CANCELLED.value)
+    logged = await finish(run)
+    assert [e["type"] for e in logged] == ["start", "done"]
+    assert logged[-1]["status"] == Status.CANCELLED
+    assert run.engine.requests == [], "the engine was never asked for a token"
+
+
+def redis_log() -> StreamLog:
+    from streaming.streamlog.redis import RedisStreamLog
+
+    return RedisStreamLog(REDIS_URL, follow_block_ms=100)
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "memory",
+        pytest.param(
+            "redis",
+            marks=pytest.mark.skipif(not REDIS_URL, reason="needs REDIS_URL"),
+        ),
+    ],
+)
+async def test_a_cancel_during_an_emit_never_cuts_an_event(answer: Answer, backend: str) -> None:
+    """The cancel is scheduled by the engine as it hands over a chunk, so it lands while
+    that chunk is being appended to the log (the Redis log suspends there) or, when the
+    append does not suspend, at the engine's next wait."""
+    log = MemoryStreamLog() if backend == "memory" else redis_log()
+    holder: list[Generation] = []
+    after = Gate()
+
+    def cancel_soon() -> None:
+        asyncio.get_running_loop().call_soon(holder[0].cancel, Status.CANCELLED.value)
+
+    try:
+        run = await launch(
+            answer,
+            [chunk("one "), Do(cancel_soon), chunk("two " * 50), after, chunk("three")],
+            log=log,
+        )
+        holder.append(run.generation)
+        logged = await finish(run)
+    finally:
+        await log.delete(answer.message_id)
+        await log.close()
+    assert texts(logged) == ["one ", "two " * 50]
+    assert logged[-1]["status"] == Status.CANCELLED
+    if backend == "redis":
+        assert not after.reached.is_set(), "the cancel landed during the append"
+
+
+# --- readers leaving -----------------------------------------------------------------------
+async def test_the_last_reader_leaving_abandons_it(answer: Answer) -> None:
+    gate = Gate()
+    run = await launch(answer, [chunk("for nobody"), gate, chunk("never")], grace=0.0)
+    await asyncio.wait_for(gate.reached.wait(), HANG)
+    before = metric("chat_abandons_total")
+    run.generation.readers_changed(1)
+    assert run.generation.cancel_reason is None
+    run.generation.readers_changed(0)
+    logged = await finish(run)
+    assert logged[-1]["status"] == Status.ABANDONED
+    assert metric("chat_abandons_total") == before + 1
+
+
+async def test_the_grace_period_asks_presence_again(answer: Answer) -> None:
+    gate = Gate()
+    run = await launch(answer, [chunk("x"), gate, chunk("never")], grace=0.01)
+    await asyncio.wait_for(gate.reached.wait(), HANG)
+    run.generation.readers_changed(2)
+    run.generation.readers_changed(0)
+    assert run.generation.cancel_reason is None, "not before the grace period"
+    # Presence (in memory: this process) has no reader of it: the recheck abandons it.
+    logged = await finish(run)
+    assert logged[-1]["status"] == Status.ABANDONED
+
+
+async def test_a_generation_that_never_had_a_reader_is_not_abandoned(answer: Answer) -> None:
+    gate = Gate()
+    run = await launch(answer, [chunk("for later"), gate, chunk(" reading")], grace=0.0)
+    await asyncio.wait_for(gate.reached.wait(), HANG)
+    before = metric("chat_abandons_total")
+    run.generation.readers_changed(0)
+    assert run.generation.cancel_reason is None
+    gate.open()
+    logged = await finish(run)
+    assert logged[-1]["status"] == Status.COMPLETE
+    assert texts(logged) == ["for later", " reading"]
+    assert metric("chat_abandons_total") == before
+
+
+# --- segments and ownership ----------------------------------------------------------------
+async def test_each_segment_ends_with_exactly_one_done(answer: Answer) -> None:
+    log = MemoryStreamLog()
+    first = await launch(answer, [chunk("Once upon"), chunk(finish_reason="length")], log=log)
+    done = (await finish(first))[-1]
+    base = "Once upon"
+    await add_segment(answer.message_id, 1, done["seq"] + 1, WORKER)
+    second = await launch(
+        answer,
+        [chunk(" a time"), chunk(finish_reason="stop")],
+        log=log,
+        segment_index=1,
+        first_seq=done["seq"] + 1,
+        base_text=base,
+    )
+    logged = await finish(second, first_seq=done["seq"] + 1, base_text=base)
+    assert logged[0]["segment"] == 1 and logged[-1]["segment"] == 1
+    everything = await log.read(answer.message_id)
+    assert [e["seq"] for e in everything] == list(range(1, len(everything) + 1))
+    assert [e["type"] for e in everything].count(events.DONE) == 2
+    message = await load_message(answer.message_id)
+    assert (message.content, message.status) == ("Once upon a time", Status.COMPLETE)
+    segments = await load_segments(answer.message_id)
+    assert [(s.status, s.start_offset, s.end_offset) for s in segments] == [
+        (Status.TRUNCATED, 0, 9),
+        (Status.COMPLETE, 9, 16),
+    ]
+
+
+async def test_a_final_record_written_by_someone_else_gets_no_second_done(
+    answer: Answer,
+) -> None:
+    gate = Gate()
+    log = MemoryStreamLog()
+    run = await launch(answer, [chunk("x"), gate], log=log)
+    await asyncio.wait_for(gate.reached.wait(), HANG)
+    # A reaper elsewhere finalised the segment meanwhile (and owns its terminal event).
+    await database.run(
+        lambda: Segment.objects.filter(message_id=answer.message_id).update(
+            status=Status.INTERRUPTED
+        )
+    )
+    gate.open()
+    await asyncio.wait_for(run.generation.finished.wait(), HANG)
+    run.reader.cancel()
+    logged = await log.read(answer.message_id)
+    assert [e["type"] for e in logged] == ["start", "delta"]
+    message = await load_message(answer.message_id)
+    assert message.status == Status.STREAMING, "the generation did not overwrite the record"
+
+
+async def test_two_answers_are_independent() -> None:
+    log = MemoryStreamLog()
+    hub = Hub(log)
+    one, two = await create_answer(WORKER), await create_answer(WORKER)
+    gate = Gate()
+    slow = await launch(one, [chunk("slow"), gate, chunk(" end")], log=log, hub=hub)
+    fast = await launch(two, [chunk("fast")], log=log, hub=hub)
+    assert texts(await finish(fast)) == ["fast"]
+    assert not slow.generation.finished.is_set()
+    gate.open()
+    assert texts(await finish(slow)) == ["slow", " end"]
+
+
+# --- known defects (strict: they fail loudly once fixed, to be turned into plain tests) ----
+class RefusingEngine(ScriptedEngine):
+    """An engine whose ``stream`` checks the request before returning its generator, as
+    ``SimulatedEngine.stream`` does ("Validate now (ValueError)")."""
+
+    def stream(self, request: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
+        self.requests.append(request)
+        raise EngineError("the request was refused", "EngineError", 400)
+
+
+async def test_an_engine_refusing_the_request_up_front_still_ends_it(answer: Answer) -> None:
+    log = MemoryStreamLog()
+    hub = Hub(log)
+    generations = Generations(MemoryControl())
+    presence = MemoryPresence(worker_id=WORKER, listener=generations)
+    engine = RefusingEngine([])
+    generation = generations.launch(plan_for(answer), Backends(log, hub, presence, engine, WORKER))
+    assert generation.task is not None
+    await asyncio.wait([generation.task], timeout=HANG)
+    crashed = None if generation.task.cancelled() else generation.task.exception()
+    assert crashed is None, f"the generation task died: {crashed!r}"
+    assert generation.finished.is_set()
+    assert answer.message_id not in generations.running
+    message = await load_message(answer.message_id)
+    assert message.status == Status.ERROR
+
+
+async def test_local_readers_get_the_done_of_whoever_finalised_the_segment(
+    answer: Answer,
+) -> None:
+    gate = Gate()
+    log = MemoryStreamLog()  # stands for a log shared between processes
+    hub = Hub(log)
+    got: list[events.Event] = []
+
+    async def read() -> None:
+        async for batch in hub.read(answer.message_id, 0, idle_timeout=0.05):
+            got.extend(batch or [])
+
+    reader = asyncio.create_task(read())
+    run = await launch(answer, [chunk("x"), gate], log=log, hub=hub)
+    await asyncio.wait_for(gate.reached.wait(), HANG)
+    # Another process's reaper finalised the segment and appended its `done`.
+    await database.run(
+        lambda: Segment.objects.filter(message_id=answer.message_id).update(
+            status=Status.INTERRUPTED
+        )
+    )
+    await log.append(
+        answer.message_id,
+        [events.done(3, segment=0, termination={"status": Status.INTERRUPTED.value})],
+    )
+    gate.open()
+    await asyncio.wait_for(run.generation.finished.wait(), HANG)
+    await asyncio.wait_for(reader, HANG)
+    run.reader.cancel()
+    assert got and got[-1]["type"] == events.DONE, [e["type"] for e in got]

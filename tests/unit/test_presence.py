@@ -1,0 +1,253 @@
+"""Presence: one contract, two backends (in memory; Redis at ``REDIS_URL``).
+
+The listener is the real registry of generations, so "told" means: a generation running
+here sees its reader count (and is abandoned when it drops to zero with no grace), and a
+generation running elsewhere gets a control message over the channel layer, which the
+tests read from a channel of their own in the group of all processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from django.test import override_settings
+
+from streaming.control.memory import MemoryControl
+from streaming.generation import Backends, Generation
+from streaming.hub import Hub
+from streaming.presence.base import Presence
+from streaming.presence.memory import MemoryPresence
+from streaming.registry import READERS, Generations
+from streaming.streamlog.memory import MemoryStreamLog
+from streaming.termination import Status
+from tests.unit.scripted import (
+    Gate,
+    Received,
+    ScriptedEngine,
+    Wire,
+    chunk,
+    create_answer,
+    load_message,
+    plan_for,
+)
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+needs_redis = pytest.mark.skipif(not REDIS_URL, reason="needs REDIS_URL")
+HANG = 10.0
+
+
+class Presences:
+    """Makes presence clients of one backend and removes what they left in Redis."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.made: list[Presence] = []
+        self.message_ids: list[str] = []
+
+    def make(self, listener: Generations | None = None, worker: str | None = None) -> Presence:
+        worker = worker or f"tests:presence:{uuid.uuid4().hex}"
+        if listener is None:  # (an empty registry is falsy: it has a length)
+            listener = Generations(MemoryControl())
+        presence: Presence
+        if self.kind == "memory":
+            presence = MemoryPresence(worker_id=worker, listener=listener)
+        else:
+            from streaming.presence.redis import RedisPresence
+
+            presence = RedisPresence(location=REDIS_URL, worker_id=worker, listener=listener)
+        self.made.append(presence)
+        return presence
+
+    def message_id(self) -> str:
+        message_id = str(uuid.uuid4())
+        self.message_ids.append(message_id)
+        return message_id
+
+    async def close(self) -> None:
+        if self.kind == "redis":
+            from streaming.presence.redis import READERS_PREFIX, RedisPresence, worker_key
+
+            keys = [READERS_PREFIX + m for m in self.message_ids]
+            keys += [worker_key(p.worker_id) for p in self.made]
+            first = self.made[0] if self.made else None
+            if isinstance(first, RedisPresence) and keys:
+                await first.redis.delete(*keys)
+        for presence in self.made:
+            await presence.close()
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=needs_redis)])
+async def presences(request: pytest.FixtureRequest) -> AsyncIterator[Presences]:
+    made = Presences(request.param)
+    yield made
+    await made.close()
+
+
+@pytest.fixture
+async def redis_presences() -> AsyncIterator[Presences]:
+    if not REDIS_URL:
+        pytest.skip("needs REDIS_URL")
+    made = Presences("redis")
+    yield made
+    await made.close()
+
+
+async def generating_here(
+    presences: Presences, grace: float = 0.0
+) -> tuple[Presence, Generation, Generations]:
+    """A presence client whose process runs a generation waiting on its engine."""
+    generations = Generations(MemoryControl())
+    presence = presences.make(generations)
+    answer = await create_answer(presence.worker_id)
+    presences.message_ids.append(answer.message_id)
+    log = MemoryStreamLog()
+    gate = Gate()
+    engine = ScriptedEngine([chunk("a"), gate])
+    backends = Backends(log, Hub(log), presence, engine, presence.worker_id)
+    generation = generations.launch(plan_for(answer, grace=grace), backends)
+    await asyncio.wait_for(gate.reached.wait(), HANG)
+    return presence, generation, generations
+
+
+async def status_at_end(generation: Generation) -> str:
+    await asyncio.wait_for(generation.finished.wait(), HANG)
+    return (await load_message(generation.message_id)).status
+
+
+# --- the contract ------------------------------------------------------------------------
+async def test_attach_and_detach_count_this_process_readers(presences: Presences) -> None:
+    presence = presences.make()
+    one, two = presences.message_id(), presences.message_id()
+    assert presence.idle.is_set()
+    assert await presence.count(one) == 0
+    await presence.attach(one)
+    assert not presence.idle.is_set()
+    await presence.attach(one)
+    await presence.attach(two, live=False)
+    assert (await presence.count(one), await presence.count(two)) == (2, 1)
+    await presence.detach(one)
+    assert await presence.count(one) == 1
+    await presence.detach(one, ended=True)
+    assert await presence.count(one) == 0
+    assert not presence.idle.is_set(), "a reader of another message is still attached"
+    await presence.detach(two, live=False)
+    assert await presence.count(two) == 0
+    assert presence.idle.is_set()
+    await presence.attach(two)
+    assert not presence.idle.is_set()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_generation_here_is_told_its_readers(presences: Presences) -> None:
+    presence, generation, _ = await generating_here(presences, grace=0.0)
+    mid = generation.message_id
+    assert not generation.readers_seen
+    await presence.attach(mid)
+    assert generation.readers_seen
+    await presence.attach(mid)
+    await presence.detach(mid)
+    assert generation.cancel_reason is None, "one reader is left"
+    await presence.detach(mid)
+    assert await status_at_end(generation) == Status.ABANDONED
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_reader_that_saw_the_end_does_not_abandon(presences: Presences) -> None:
+    presence, generation, _ = await generating_here(presences, grace=0.0)
+    mid = generation.message_id
+    await presence.attach(mid)
+    await presence.detach(mid, ended=True)
+    assert generation.cancel_reason is None
+    assert await presence.count(mid) == 0
+    await generation.recount_readers()
+    assert await status_at_end(generation) == Status.ABANDONED
+
+
+async def test_a_generation_elsewhere_is_told_when_this_process_count_crosses_zero(
+    presences: Presences,
+) -> None:
+    wire = Wire(presences.kind, REDIS_URL)
+    try:
+        registry = Generations(wire.control())
+        received = Received()
+        await wire.listen(received)
+        presence = presences.make(registry)
+        mid = presences.message_id()
+        await presence.attach(mid)  # 0 -> 1
+        await presence.attach(mid)  # 1 -> 2: the total cannot have crossed zero
+        await presence.detach(mid)  # 2 -> 1
+        await presence.detach(mid)  # 1 -> 0
+        await presence.attach(mid, live=False)
+        await presence.detach(mid, live=False)
+        await presence.attach(mid)  # 0 -> 1
+        await presence.detach(mid, ended=True)  # saw the end: nobody wants the news
+        got = await received.about(registry.control, mid)
+    finally:
+        await wire.close()
+    readers = {"type": READERS, "mid": mid}
+    # In memory there is one process, so no generation runs anywhere else to be told.
+    expected = [] if presences.kind == "memory" else [readers, readers, readers]
+    assert got == expected
+
+
+async def test_no_heartbeat_is_dead_and_never_this_process(presences: Presences) -> None:
+    presence = presences.make()
+    other = f"tests:presence:other:{uuid.uuid4().hex}"
+    await presence.beat()
+    assert await presence.dead([presence.worker_id]) == []
+    assert await presence.dead([other, presence.worker_id]) == [other]
+    await presence.ping()
+    await presence.leave()
+    assert await presence.dead([presence.worker_id]) == [], "not even after leaving"
+
+
+# --- Redis: several processes ------------------------------------------------------------
+async def test_beat_and_leave_make_a_worker_alive_and_dead(redis_presences: Presences) -> None:
+    from streaming.presence.redis import RedisPresence, worker_key
+
+    with override_settings(STREAMING={"HEARTBEAT_TIMEOUT": 7.0}):
+        here, there = redis_presences.make(), redis_presences.make()
+        assert isinstance(here, RedisPresence)
+        assert await here.dead([there.worker_id]) == [there.worker_id]
+        await there.beat()
+        assert await here.dead([there.worker_id]) == []
+        ttl = await here.redis.pttl(worker_key(there.worker_id))
+        assert 0 < ttl <= 7000, "a heartbeat lasts HEARTBEAT_TIMEOUT"
+        await there.leave()
+        assert await here.dead([there.worker_id]) == [there.worker_id]
+
+
+async def test_readers_count_in_live_processes_only(redis_presences: Presences) -> None:
+    here, there = redis_presences.make(), redis_presences.make()
+    mid = redis_presences.message_id()
+    await there.attach(mid)
+    await there.attach(mid)
+    assert await here.count(mid) == 0, "the other process has no heartbeat: dead"
+    await there.beat()
+    assert await here.count(mid) == 2
+    finished = redis_presences.message_id()
+    await there.attach(finished, live=False)
+    assert await here.count(finished) == 0, "readers of a finished message count locally"
+    await there.leave()
+    assert await here.count(mid) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_readers_in_another_live_process_keep_a_generation(
+    redis_presences: Presences,
+) -> None:
+    presence, generation, _ = await generating_here(redis_presences, grace=0.0)
+    mid = generation.message_id
+    there = redis_presences.make()
+    await there.beat()
+    await there.attach(mid)
+    await presence.attach(mid)
+    await presence.detach(mid)
+    assert generation.cancel_reason is None, "a reader is attached in another process"
+    await there.leave()  # that process died: its count no longer keeps the answer alive
+    await generation.recount_readers()
+    assert await status_at_end(generation) == Status.ABANDONED

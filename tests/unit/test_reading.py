@@ -1,0 +1,354 @@
+"""The read service: cursors, the end of a finished message, and one reader's frames over
+the hub and the in-memory log (replay, merge, end, presence, slow consumers)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from prometheus_client import REGISTRY
+
+from streaming import events
+from streaming.control.memory import MemoryControl
+from streaming.errors import InvalidCursor
+from streaming.hub import Hub
+from streaming.presence.memory import MemoryPresence
+from streaming.reading import (
+    MAX_CURSOR_DIGITS,
+    MessageState,
+    SlowConsumer,
+    Subscription,
+    has_more,
+    parse_cursor,
+    snapshot,
+    wait_until_ended,
+)
+from streaming.registry import Generations
+from streaming.streamlog.memory import MemoryStreamLog
+from streaming.termination import Status
+from tests.unit.scripted import create_answer
+
+HANG = 10.0
+TRANSPORT = "sse"
+ENDED = {"status": Status.COMPLETE.value, "finish_reason": "stop"}
+
+
+# --- cursors --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("raw", "cursor"),
+    [("0", 0), ("42", 42), (" 7 ", 7), ("0007", 7), ("9" * MAX_CURSOR_DIGITS, 10**18 - 1)],
+)
+def test_a_text_cursor_is_decimal_digits(raw: str, cursor: int) -> None:
+    assert parse_cursor(raw, "Last-Event-ID", text=True) == cursor
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["", " ", "-1", "+1", "1.5", "1e3", "abc", "0x10", "١٢", "9" * (MAX_CURSOR_DIGITS + 1), 5],
+)
+def test_a_text_cursor_that_is_not_digits_is_refused(raw: Any) -> None:
+    with pytest.raises(InvalidCursor) as refused:
+        parse_cursor(raw, "Last-Event-ID", text=True)
+    assert refused.value.field == "Last-Event-ID"
+    assert "Last-Event-ID" in refused.value.message
+
+
+@pytest.mark.parametrize("raw", [0, 1, 10**MAX_CURSOR_DIGITS - 1])
+def test_a_json_cursor_is_a_non_negative_integer(raw: int) -> None:
+    assert parse_cursor(raw, "after", text=False) == raw
+
+
+@pytest.mark.parametrize("raw", [-1, 10**MAX_CURSOR_DIGITS, True, False, 1.0, "5", None, [1]])
+def test_a_json_cursor_of_another_kind_is_refused(raw: Any) -> None:
+    with pytest.raises(InvalidCursor) as refused:
+        parse_cursor(raw, "after", text=False)
+    assert refused.value.field == "after"
+    assert refused.value.code == "invalid_cursor"
+
+
+# --- the end of a finished message ------------------------------------------------------------
+def state(
+    status: str = Status.STREAMING.value,
+    last_seq: int = 0,
+    content: str = "",
+    termination: dict[str, Any] | None = None,
+) -> MessageState:
+    return MessageState(
+        id=str(uuid.uuid4()),
+        status=status,
+        last_seq=last_seq,
+        content=content,
+        termination=termination if termination is not None else {},
+    )
+
+
+def test_only_a_finished_message_read_to_its_end_has_nothing_more() -> None:
+    finished = state(Status.COMPLETE.value, last_seq=10)
+    assert not has_more(finished, 10)
+    assert not has_more(finished, 11)
+    assert has_more(finished, 9)
+    assert has_more(finished, 0)
+    assert has_more(state(Status.STREAMING.value, last_seq=10), 10), "it may stream on"
+    assert not has_more(state(Status.INTERRUPTED.value, last_seq=3), 3)
+
+
+def test_a_snapshot_rebuilds_the_answer_from_the_record() -> None:
+    finished = state(Status.COMPLETE.value, last_seq=9, content="Hello", termination=ENDED)
+    assert snapshot(finished, 0) == [
+        events.start(7, message_id=finished.id, segment=0, model=""),
+        events.delta(8, "Hello"),
+        events.done(9, segment=-1, termination=ENDED),
+    ]
+    empty = state(Status.ERROR.value, last_seq=3, termination={"status": "error"})
+    assert [e["type"] for e in snapshot(empty, 0)] == [events.START, events.DONE]
+
+
+def test_a_snapshot_for_a_resume_says_the_log_expired() -> None:
+    finished = state(Status.COMPLETE.value, last_seq=9, content="Hello", termination=ENDED)
+    error, done = snapshot(finished, 4)
+    assert (error["seq"], error["type"], error["error"]["code"]) == (
+        8,
+        events.ERROR,
+        "resume_unavailable",
+    )
+    assert done == events.done(9, segment=-1, termination=ENDED)
+
+
+# --- a subscription ---------------------------------------------------------------------------
+class Parts:
+    """The reading side of one process: the log, the hub and presence."""
+
+    def __init__(self) -> None:
+        self.log = MemoryStreamLog()
+        self.hub = Hub(self.log)
+        self.presence = MemoryPresence(
+            worker_id="tests:reading:1", listener=Generations(MemoryControl())
+        )
+
+    def subscribe(self, message: MessageState, after: int, send_buffer: Any = None) -> Subscription:
+        return Subscription(
+            self.hub, self.log, self.presence, message, after, TRANSPORT, send_buffer
+        )
+
+
+@pytest.fixture
+def parts() -> Iterator[Parts]:
+    # No write spacing: which events share a frame then depends only on what had arrived.
+    with override_settings(STREAMING={"MIN_WRITE_INTERVAL": 0}):
+        yield Parts()
+
+
+async def frames_of(subscription: Subscription) -> list[list[events.Event]]:
+    got: list[list[events.Event]] = []
+    async for frame in subscription.frames(None):
+        assert frame is not None
+        got.append(frame)
+    return got
+
+
+def opening(message_id: str) -> list[events.Event]:
+    return [
+        events.start(1, message_id=message_id, segment=0, model="m"),
+        events.delta(2, "a"),
+        events.delta(3, "b"),
+        events.delta(4, "c"),
+    ]
+
+
+async def test_a_reader_replays_from_its_cursor_merges_and_ends_at_done(parts: Parts) -> None:
+    message = state()
+    mid = message.id
+    await parts.log.append(mid, opening(mid))
+    subscription = parts.subscribe(message, 2)
+    frames = subscription.frames(None)
+
+    assert await anext(frames) == [events.delta(4, "bc")], "what was missed, in one frame"
+    assert await parts.presence.count(mid) == 1
+    assert not parts.presence.idle.is_set()
+    waiting = asyncio.ensure_future(anext(frames))
+    await parts.log.append(mid, [events.delta(5, "d")])
+    await parts.log.append(mid, [events.delta(6, "e"), events.delta(7, "f")])
+    assert await asyncio.wait_for(waiting, HANG) == [events.delta(7, "def")]
+    done = events.done(8, segment=0, termination=ENDED)
+    await parts.log.append(mid, [done])
+    assert await asyncio.wait_for(anext(frames), HANG) == [done]
+    with pytest.raises(StopAsyncIteration):
+        await anext(frames)
+    assert subscription.cursor == 8
+    assert subscription.ended_status == Status.COMPLETE
+    assert await parts.presence.count(mid) == 0
+    assert parts.presence.idle.is_set()
+
+
+async def test_a_frame_keeps_the_order_of_events_it_merges(parts: Parts) -> None:
+    message = state()
+    mid = message.id
+    failure = events.error(5, message="boom", type="EngineError", code=502)
+    done = events.done(6, segment=0, termination={"status": Status.ERROR.value})
+    await parts.log.append(mid, [*opening(mid), failure, done])
+    assert await frames_of(parts.subscribe(message, 0)) == [
+        [opening(mid)[0], events.delta(4, "abc"), failure, done]
+    ]
+
+
+async def test_a_finished_message_whose_log_is_gone_is_read_from_its_record(
+    parts: Parts,
+) -> None:
+    finished = state(Status.COMPLETE.value, last_seq=9, content="Hello", termination=ENDED)
+    subscription = parts.subscribe(finished, 0)
+    frames = subscription.frames(None)
+    assert await anext(frames) == snapshot(finished, 0)
+    assert await parts.presence.count(finished.id) == 1, "counted while it reads"
+    with pytest.raises(StopAsyncIteration):
+        await anext(frames)
+    assert await parts.presence.count(finished.id) == 0
+    assert parts.presence.idle.is_set()
+
+
+async def test_a_resume_of_a_finished_message_without_its_log(parts: Parts) -> None:
+    finished = state(Status.COMPLETE.value, last_seq=9, content="Hello", termination=ENDED)
+    [frame] = await frames_of(parts.subscribe(finished, 5))
+    assert [e["type"] for e in frame] == [events.ERROR, events.DONE]
+    assert await frames_of(parts.subscribe(finished, 8)) == [[snapshot(finished, 8)[-1]]]
+    assert await frames_of(parts.subscribe(finished, 9)) == [], "it has read everything"
+
+
+async def test_a_finished_message_is_replayed_from_its_log(parts: Parts) -> None:
+    finished = state(Status.COMPLETE.value, last_seq=5, content="abc", termination=ENDED)
+    done = events.done(5, segment=0, termination=ENDED)
+    await parts.log.append(finished.id, [*opening(finished.id), done])
+    assert await frames_of(parts.subscribe(finished, 1)) == [[events.delta(4, "abc"), done]]
+
+
+async def test_a_reader_of_a_local_generation_gets_its_publishes(parts: Parts) -> None:
+    message = state()
+    mid = message.id
+    parts.hub.open_local(mid, 1)
+    reading = asyncio.create_task(frames_of(parts.subscribe(message, 0)))
+    for batch in ([*opening(mid)], [events.done(5, segment=0, termination=ENDED)]):
+        await parts.log.append(mid, batch)
+        parts.hub.publish(mid, batch)
+    parts.hub.close_local(mid)
+    frames = await asyncio.wait_for(reading, HANG)
+    merged = events.merge([e for frame in frames for e in frame])
+    assert merged == events.merge([*opening(mid), events.done(5, segment=0, termination=ENDED)])
+
+
+# --- slow consumers ---------------------------------------------------------------------------
+class Unsent:
+    """The connection's unsent bytes, as the server would report them: a script of
+    readings, the last one repeated."""
+
+    def __init__(self, *readings: int | None) -> None:
+        self.readings = list(readings)
+
+    def pending(self) -> int | None:
+        if len(self.readings) > 1:
+            return self.readings.pop(0)
+        return self.readings[0]
+
+
+def slow_closes() -> float:
+    value = REGISTRY.get_sample_value("chat_slow_consumer_closes_total", {"transport": TRANSPORT})
+    return value or 0.0
+
+
+async def test_a_client_that_stops_reading_is_closed() -> None:
+    with override_settings(STREAMING={"SEND_BUFFER_LIMIT": 1000, "SLOW_CONSUMER_TIMEOUT": 0.01}):
+        parts = Parts()
+        message = state()
+        await parts.log.append(message.id, opening(message.id))
+        subscription = parts.subscribe(message, 0, Unsent(10**6))
+        before = slow_closes()
+        with pytest.raises(SlowConsumer):
+            await asyncio.wait_for(frames_of(subscription), HANG)
+    assert subscription.ended_status == "slow_consumer"
+    assert subscription.cursor == 0, "nothing was written: the client resumes from 0"
+    assert slow_closes() == before + 1
+    assert await parts.presence.count(message.id) == 0, "detached on the way out"
+
+
+async def test_a_client_that_catches_up_keeps_reading() -> None:
+    with override_settings(STREAMING={"SEND_BUFFER_LIMIT": 1000, "SLOW_CONSUMER_TIMEOUT": 60.0}):
+        parts = Parts()
+        message = state()
+        done = events.done(5, segment=0, termination=ENDED)
+        await parts.log.append(message.id, [*opening(message.id), done])
+        # Over the limit, then below it but above half of it (still paused), then drained.
+        unsent = Unsent(10**6, 10**6, 700, 100)
+        frames = await frames_of(parts.subscribe(message, 0, unsent))
+    assert frames[-1][-1] == done
+    assert unsent.readings == [100]
+
+
+async def test_an_unknown_send_buffer_never_pauses(parts: Parts) -> None:
+    with override_settings(STREAMING={"SEND_BUFFER_LIMIT": 0, "SLOW_CONSUMER_TIMEOUT": 0}):
+        message = state()
+        done = events.done(5, segment=0, termination=ENDED)
+        await parts.log.append(message.id, [*opening(message.id), done])
+        frames = await frames_of(parts.subscribe(message, 0, Unsent(None)))
+    assert frames[-1][-1] == done
+
+
+# --- waiting for the end ----------------------------------------------------------------------
+async def test_waiting_for_a_local_generation_ends_when_it_finishes() -> None:
+    hub = Hub(MemoryStreamLog())
+    finished = asyncio.Event()
+    order: list[str] = []
+
+    async def waiter() -> None:
+        await wait_until_ended(hub, str(uuid.uuid4()), None, finished)
+        order.append("returned")
+
+    async def generation_ends() -> None:
+        order.append("finished")
+        finished.set()
+
+    waiting = asyncio.create_task(waiter())  # runs first, and waits
+    ending = asyncio.create_task(generation_ends())
+    await asyncio.wait_for(asyncio.gather(waiting, ending), HANG)
+    assert order == ["finished", "returned"]
+
+
+async def test_waiting_for_a_local_generation_returns_after_the_limit() -> None:
+    await wait_until_ended(Hub(MemoryStreamLog()), str(uuid.uuid4()), 0.01, asyncio.Event())
+
+
+@pytest.fixture
+async def streaming_answer() -> AsyncIterator[str]:
+    answer = await create_answer("tests:reading:elsewhere", last_seq=4)
+    yield answer.message_id
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_waiting_for_a_generation_elsewhere_follows_the_log(streaming_answer: str) -> None:
+    log = MemoryStreamLog()
+    hub = Hub(log)
+    waiting = asyncio.create_task(wait_until_ended(hub, streaming_answer, None))
+    await log.append(streaming_answer, [events.delta(5, "x")])
+    await log.append(streaming_answer, [events.done(6, segment=0, termination=ENDED)])
+    await asyncio.wait_for(waiting, HANG)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_waiting_for_a_generation_elsewhere_returns_after_the_limit(
+    streaming_answer: str,
+) -> None:
+    await asyncio.wait_for(wait_until_ended(Hub(MemoryStreamLog()), streaming_answer, 0.01), HANG)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_waiting_for_a_message_that_already_ended_returns_at_once() -> None:
+    from streaming import database
+    from streaming.models import Message
+
+    answer = await create_answer("tests:reading:elsewhere")
+    await database.run(
+        lambda: Message.objects.filter(id=answer.message_id).update(status=Status.COMPLETE)
+    )
+    # No log, no limit: only the record can end this wait.
+    await asyncio.wait_for(wait_until_ended(Hub(MemoryStreamLog()), answer.message_id, None), HANG)
