@@ -28,6 +28,7 @@ from streaming.logcontext import stream_context
 from streaming.persistence import Partial, finalize_segment
 from streaming.presence import Presence
 from streaming.stops import StopFilter
+from streaming.storable import storable
 from streaming.streamlog import SeqConflict, StreamLog
 from streaming.termination import Status, Termination
 
@@ -235,7 +236,8 @@ class Generation:
             termination.error_type = "Stalled"
             termination.error_message = f"no token for {streaming_settings.STALL_TIMEOUT:g} s"
             metrics.engine_error("EngineTimeout")
-        except EngineError as exc:
+        except EngineError as raised:
+            exc = _storable_error(raised)
             stalled = exc.type == "EngineTimeout"
             termination.status = Status.STALLED.value if stalled else Status.ERROR.value
             termination.error_type = exc.type
@@ -253,7 +255,7 @@ class Generation:
             log.exception("generation failed")
             termination.status = Status.ERROR.value
             termination.error_type = "InternalError"
-            termination.error_message = str(exc) or exc.__class__.__name__
+            termination.error_message = storable(str(exc)) or exc.__class__.__name__
             await self._emit_error(EngineError(termination.error_message, "InternalError", 500))
         finally:
             self._finalizing = True
@@ -269,7 +271,7 @@ class Generation:
             termination.duration_ms = (time.monotonic() - self.started_at) * 1000
         # Ended without a stop match so far: what was held back (a partial character, a
         # prefix of a stop string) is real output - unless it completes a stop string now.
-        tail, matched = stops.feed(detok.flush())
+        tail, matched = stops.feed(storable(detok.flush()))
         if matched is None:
             tail += stops.flush()
             matched = stops.matched
@@ -327,6 +329,7 @@ class Generation:
                     completion_tokens += chunk.tokens
                     termination.completion_tokens = completion_tokens
             text = chunk.text if chunk.token_bytes is None else detok.feed(chunk.token_bytes)
+            text = storable(text)
             if text:
                 shown, matched = stops.feed(text)
                 if shown:
@@ -343,13 +346,14 @@ class Generation:
                 self._apply_finish(termination, chunk)
 
     def _apply_finish(self, termination: Termination, chunk: EngineChunk) -> None:
-        reason = chunk.finish_reason
+        reason = None if chunk.finish_reason is None else storable(chunk.finish_reason)
         termination.finish_reason = reason
         if reason == "length":
             termination.status = Status.TRUNCATED.value
         elif reason == "stop" and chunk.stop_reason is not None:
             termination.status = Status.STOPPED.value
-            termination.stop_reason = chunk.stop_reason
+            stop = chunk.stop_reason
+            termination.stop_reason = storable(stop) if isinstance(stop, str) else stop
         elif reason in ("abort", "error"):
             termination.status = Status.ERROR.value
             termination.error_type = "EngineAborted" if reason == "abort" else "EngineError"
@@ -426,3 +430,9 @@ class Generation:
                 log.warning("database unavailable for the final record; retrying")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+
+def _storable_error(exc: EngineError) -> EngineError:
+    """The engine's error with its texts made storable (they reach the log and the record)."""
+    code = storable(exc.code) if isinstance(exc.code, str) else exc.code
+    return EngineError(storable(exc.message), storable(exc.type), code)

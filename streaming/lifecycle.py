@@ -88,10 +88,12 @@ class Lifecycle:
             batch = list(pending.values())
             started = time.monotonic()
             try:
-                await database.run(flush_partials, batch)
+                refused = await database.run(flush_partials, batch)
             except Exception:
                 log.warning("write-behind flush failed for %d messages; will retry", len(batch))
                 continue
+            for partial in refused:
+                log.error("the database refused the partial text of %s", partial.message_id)
             metrics.PERSIST_LATENCY.labels(kind="partial").observe(time.monotonic() - started)
             pending.clear()
 

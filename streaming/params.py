@@ -13,6 +13,8 @@ from typing import Any
 
 from django.conf import settings
 
+from streaming.storable import UNSTORABLE, is_storable
+
 
 class ParamError(ValueError):
     """A bad parameter; ``field`` names it (dotted for nested keys) for the 400 answer."""
@@ -71,6 +73,8 @@ def _stop(raw: Any) -> list[str]:
         raise ParamError("params.stop", "must be a non-empty string or a list of them")
     if len(stop) > max_stop_sequences():
         raise ParamError("params.stop", f"at most {max_stop_sequences()} sequences")
+    if not all(is_storable(s) for s in stop):
+        raise ParamError("params.stop", UNSTORABLE)
     if any(len(s) > MAX_STOP_CHARS for s in stop):
         raise ParamError(
             "params.stop", f"each stop sequence is at most {MAX_STOP_CHARS} characters"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db import connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from streaming.models import Conversation, Message, Segment
@@ -32,11 +32,36 @@ class Partial:
     last_seq: int
 
 
-def flush_partials(partials: list[Partial]) -> None:
-    """One statement prepared once and executed for the whole batch (psycopg pipelines
-    it: one round trip), not one ORM update per message: with hundreds of answers
-    streaming, per-message updates cost more CPU than the answers' tokens. Only rows
-    still ``streaming`` change (a final write wins)."""
+def flush_partials(partials: list[Partial]) -> list[Partial]:
+    """Write the batch; return the partials the database refused (and that are given up).
+
+    One statement prepared once and executed for the whole batch (psycopg pipelines it:
+    one round trip), not one ORM update per message: with hundreds of answers streaming,
+    per-message updates cost more CPU than the answers' tokens. Only rows still
+    ``streaming`` change (a final write wins). A row the database refuses for its data
+    must not hold back the others: the batch is then written row by row and the refused
+    rows are returned. A database that cannot be reached raises (the caller retries all).
+    """
+    try:
+        _write(partials)
+        return []
+    except (OperationalError, InterfaceError):
+        raise
+    except DatabaseError:
+        if len(partials) == 1:
+            return partials
+    refused = []
+    for partial in partials:
+        try:
+            _write([partial])
+        except (OperationalError, InterfaceError):
+            raise
+        except DatabaseError:
+            refused.append(partial)
+    return refused
+
+
+def _write(partials: list[Partial]) -> None:
     key = Message._meta.pk
     assert key is not None
     rows = [

@@ -102,8 +102,12 @@ class Reaper:
         orphans = await database.run(_orphans, dead)
         reaped = 0
         for orphan in orphans:
-            if await self.reap_one(orphan):
-                reaped += 1
+            # One segment that cannot be finalised must not keep the others from it.
+            try:
+                if await self.reap_one(orphan):
+                    reaped += 1
+            except Exception:
+                log.exception("could not reap %s/%d", orphan.message_id, orphan.segment_index)
         return reaped
 
     async def reap_one(self, orphan: Orphan) -> bool:

@@ -32,6 +32,7 @@ from streaming.models import Conversation, Message, Segment
 from streaming.params import ParamError, validate_params
 from streaming.runtime import get_runtime
 from streaming.selectors import conversation_for, message_for
+from streaming.storable import UNSTORABLE, is_storable
 from streaming.termination import NATURAL_ENDS, Status
 from streaming.worker import WORKER_ID
 
@@ -165,6 +166,8 @@ def _validate_content(content: Any) -> str:
         raise InvalidParams(
             f"content is longer than {settings.MAX_MESSAGE_CHARS} characters", field="content"
         )
+    if not is_storable(content):
+        raise InvalidParams(f"content {UNSTORABLE}", field="content")
     return content
 
 

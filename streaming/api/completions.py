@@ -17,6 +17,7 @@ from typing import Any
 from streaming import events
 from streaming.engines.base import ChatTurn
 from streaming.errors import InvalidParams, NotFound, ServiceError, error_body
+from streaming.storable import UNSTORABLE, is_storable
 from streaming.termination import Status
 from streaming.transports import eventstream
 
@@ -87,6 +88,13 @@ class CompletionRequest:
 
 
 def _text(content: Any, where: str) -> str:
+    text = _joined(content, where)
+    if not is_storable(text):
+        raise InvalidParams(UNSTORABLE, field=where)
+    return text
+
+
+def _joined(content: Any, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -133,7 +141,8 @@ def parse_request(body: Any, served: set[str]) -> CompletionRequest:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidParams("must be an object", field=f"messages[{i}]")
-        role = ROLES.get(message.get("role"))  # type: ignore[arg-type]
+        raw_role = message.get("role")
+        role = ROLES.get(raw_role) if isinstance(raw_role, str) else None
         if role is None:
             raise InvalidParams(
                 f"must be one of {', '.join(sorted(ROLES))}", field=f"messages[{i}].role"

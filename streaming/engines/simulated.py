@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streaming.engines.base import EngineChunk, EngineError, EngineRequest, ModelInfo, Usage
+from streaming.storable import UNSTORABLE, is_storable
 
 SEPARATOR = "\n\n"
 
@@ -165,6 +166,8 @@ def validate_simulation(params: dict[str, Any]) -> dict[str, Any]:
         elif key == "text":
             if not isinstance(value, str):
                 raise ValueError("simulation.text: must be a string")
+            if not is_storable(value):
+                raise ValueError(f"simulation.text: {UNSTORABLE}")
             clean[key] = value
         else:
             raise ValueError(

@@ -40,3 +40,21 @@ def test_partials_of_streaming_answers_are_written_in_one_statement() -> None:
         assert (message.content, message.last_seq) == (f"partial {i} 👋🏽", 10 + i)
     ended.refresh_from_db()
     assert (ended.content, ended.last_seq, ended.status) == ("the final text", 0, Status.COMPLETE)
+
+
+def test_a_row_the_database_refuses_does_not_hold_back_the_batch() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("only PostgreSQL refuses U+0000 in text")
+    owner = User.objects.create_user("refused")
+    conversation = Conversation.objects.create(owner=owner)
+    running = [
+        Message.objects.create(conversation=conversation, role="assistant", status=Status.STREAMING)
+        for _ in range(3)
+    ]
+    # Text is made storable before it gets here; a row that still is not must cost only itself.
+    partials = [Partial(str(m.id), f"ok {i}", 5 + i) for i, m in enumerate(running)]
+    partials[1] = Partial(str(running[1].id), "bad \x00 row", 6)
+    refused = flush_partials(partials)
+    assert [p.message_id for p in refused] == [str(running[1].id)]
+    contents = [Message.objects.get(id=m.id).content for m in running]
+    assert contents == ["ok 0", "", "ok 2"]

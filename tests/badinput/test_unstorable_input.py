@@ -1,0 +1,67 @@
+"""Text no store can hold (U+0000, unpaired surrogates) in any input is a 400 naming the
+field, never a 500, and leaves nothing behind: REST, WebSocket and the OpenAI endpoint."""
+
+from __future__ import annotations
+
+import json
+
+from tests.api.calls import assert_error, client, new_conversation
+from tests.support.wsclient import ChatSocket
+
+# Raw JSON bodies: "\ud800" must reach the server as an escape, which json.dumps writes.
+REST_BODIES = [
+    ({"content": "zero\u0000byte"}, "content"),
+    ({"content": "lone \ud800 surrogate"}, "content"),
+    ({"content": "hi", "params": {"stop": ["a\u0000"]}}, "params.stop"),
+    ({"content": "hi", "params": {"simulation": {"text": "x\u0000y"}}}, "params.simulation"),
+]
+
+
+def test_rest_refuses_unstorable_text_naming_the_field(daphne, account):
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        url = f"/api/conversations/{conversation}/messages/"
+        for body, field in REST_BODIES:
+            raw = json.dumps(body)  # ASCII escapes: valid JSON, unstorable once decoded
+            response = api.post(url, content=raw, headers={"content-type": "application/json"})
+            assert_error(response, 400, field=field)
+        assert api.get(f"{url}").json()["count"] == 0
+
+
+def test_openai_refuses_unstorable_content_and_odd_roles_and_keeps_nothing(daphne, account):
+    server = daphne()
+    bearer = {"Authorization": f"Bearer {account.token}", "content-type": "application/json"}
+    cases = [
+        ([{"role": "user", "content": "a\u0000b"}], "messages[0].content"),
+        (
+            [{"role": "system", "content": "\udfff"}, {"role": "user", "content": "hi"}],
+            "messages[0].content",
+        ),
+        ([{"role": ["user"], "content": "hi"}], "messages[0].role"),
+        ([{"role": {"user": 1}, "content": "hi"}], "messages[0].role"),
+    ]
+    with client(server, account.token) as api:
+        before = api.get("/api/conversations/").json()["count"]
+        for messages, param in cases:
+            body = json.dumps({"model": "simulated", "messages": messages})
+            response = api.post("/v1/chat/completions", content=body, headers=bearer)
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["param"] == param
+        assert api.get("/api/conversations/").json()["count"] == before
+
+
+async def test_websocket_refuses_unstorable_content_and_keeps_serving(daphne, account):
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+    ws = await ChatSocket.connect(server.ws_url, account.token)
+    try:
+        frame = {"type": "message.create", "conversation": conversation, "ref": 1}
+        await ws.send({**frame, "content": "zero\u0000byte"})
+        reply = (await ws.recv_until("error"))[-1]
+        assert (reply["code"], reply["field"], reply["ref"]) == ("invalid_params", "content", 1)
+        await ws.send({"type": "ping", "ref": 2})
+        assert (await ws.recv_until("pong"))[-1]["ref"] == 2
+    finally:
+        await ws.close()
