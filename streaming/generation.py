@@ -385,13 +385,7 @@ class Generation:
                 done = events.done(
                     done_seq, segment=plan.segment_index, termination=termination.as_dict()
                 )
-                try:
-                    await backends.log.append(plan.message_id, [done])
-                    backends.hub.publish(plan.message_id, [done])
-                except SeqConflict:
-                    log.warning("terminal event already in the log")
-                with contextlib.suppress(Exception):
-                    await backends.log.finish(plan.message_id)
+                await end_log(backends.log, backends.hub, plan.message_id, done)
                 log.info(
                     "generation ended: %s (%d tokens, %d chars)",
                     termination.status,
@@ -430,6 +424,19 @@ class Generation:
                 log.warning("database unavailable for the final record; retrying")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+
+async def end_log(stream_log: StreamLog, hub: Hub, message_id: str, done: events.Event) -> None:
+    """Append a segment's terminal ``done`` (its owner, the one whose final record was
+    written, calls this), publish it to local readers and start the log's expiry. A log
+    that already holds a later event keeps it: the ``done`` is exactly-once by seq."""
+    try:
+        await stream_log.append(message_id, [done])
+        hub.publish(message_id, [done])
+    except SeqConflict:
+        log.warning("the log of %s already had a later event than its done", message_id)
+    with contextlib.suppress(Exception):
+        await stream_log.finish(message_id)
 
 
 def _storable_error(exc: EngineError) -> EngineError:

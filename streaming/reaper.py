@@ -9,18 +9,18 @@ ids make the terminal event exactly-once too.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
 
 from streaming import database, events, metrics, signals
 from streaming.conf import streaming_settings
+from streaming.generation import end_log
 from streaming.hub import Hub
 from streaming.models import Segment
 from streaming.persistence import finalize_segment
 from streaming.presence import Presence
-from streaming.streamlog import SeqConflict, StreamLog
+from streaming.streamlog import StreamLog
 from streaming.termination import Status, Termination
 
 log = logging.getLogger(__name__)
@@ -143,13 +143,7 @@ class Reaper:
         done = events.done(
             done_seq, segment=orphan.segment_index, termination=termination.as_dict()
         )
-        try:
-            await self.log.append(orphan.message_id, [done])
-            self.hub.publish(orphan.message_id, [done])
-        except SeqConflict:
-            log.warning("reaped %s but its log already had a later event", orphan.message_id)
-        with contextlib.suppress(Exception):
-            await self.log.finish(orphan.message_id)
+        await end_log(self.log, self.hub, orphan.message_id, done)
         metrics.REAPED.inc()
         metrics.STREAM_GENERATIONS_ENDED.labels(status=termination.status).inc()
         log.warning("reaped interrupted segment %s/%d", orphan.message_id, orphan.segment_index)
