@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from typing import Any
 
@@ -29,12 +30,17 @@ from streaming.errors import ServiceError, describe
 from streaming.logcontext import stream_context
 from streaming.reading import MessageState, SlowConsumer, Subscription, has_more, parse_cursor
 from streaming.services import cancel_message, continue_message, post_message
+from streaming.storable import is_storable
 from streaming.transports.daphne import SendBuffer, frame_send
 
 log = logging.getLogger(__name__)
 
 CLOSE_SLOW_CONSUMER = 4408
 CLOSE_GOING_AWAY = 1001
+
+
+# A client's ``ref`` is echoed in every reply to its frame.
+MAX_REF_CHARS = 200
 
 
 class FrameError(Exception):
@@ -58,16 +64,29 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await self.accept()
         self.heartbeat = asyncio.create_task(self._heartbeat())
 
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """However the socket ends (a close, a handshake refused, an error the server
+        closes with 1011), its subscriptions and heartbeat end with it."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._end_tasks()
+
     async def disconnect(self, code: int) -> None:
-        tasks = [*self.subscriptions.values(), self.resolving]
-        if hb := getattr(self, "heartbeat", None):
-            tasks.append(hb)
+        await self._end_tasks()
+
+    async def _end_tasks(self) -> None:
+        tasks = [*getattr(self, "subscriptions", {}).values()]
+        for name in ("resolving", "heartbeat"):
+            if (task := getattr(self, name, None)) is not None:
+                tasks.append(task)
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self.subscriptions.clear()
+        if hasattr(self, "subscriptions"):
+            self.subscriptions.clear()
 
     # --- receive: parse, dispatch, answer; never stream here -----------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -76,7 +95,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             self.user = await self.resolving
         try:
             frame = self._parse(text_data, bytes_data)
-            ref = frame.get("ref")
+            ref = _ref_of(frame)
             kind = frame.get("type")
             handler = self.HANDLERS.get(kind) if isinstance(kind, str) else None
             if handler is None:
@@ -98,6 +117,17 @@ class ChatConsumer(AsyncWebsocketConsumer):
             if ref is not None:
                 body["ref"] = ref
             await self._send_json(body)
+        except Exception:
+            # A bug must cost one frame its answer, never the socket and its streams.
+            log.exception("WebSocket frame failed")
+            await self._send_json(
+                {
+                    "type": "error",
+                    "code": "server_error",
+                    "message": "internal server error",
+                    **({"ref": ref} if ref is not None else {}),
+                }
+            )
 
     def _parse(self, text_data: str | None, bytes_data: bytes | None) -> dict[str, Any]:
         if text_data is None:
@@ -109,6 +139,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
             frame = json.loads(text_data)
         except ValueError:
             raise FrameError("invalid_json", "the frame is not valid JSON") from None
+        except RecursionError:
+            raise FrameError("invalid_json", "the frame is nested too deeply") from None
         if not isinstance(frame, dict):
             raise FrameError("invalid_frame", "a frame must be a JSON object")
         return frame
@@ -134,7 +166,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await self._send_json({"type": "authenticated", "user": user.get_username()})
 
     async def on_ping(self, frame: dict[str, Any]) -> None:
-        await self._send_json({"type": "pong", **({"ref": frame["ref"]} if "ref" in frame else {})})
+        ref = _ref_of(frame)
+        await self._send_json({"type": "pong", **({"ref": ref} if ref is not None else {})})
 
     async def on_create(self, frame: dict[str, Any]) -> None:
         exchange = await post_message(
@@ -240,3 +273,18 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def _send_json(self, payload: dict[str, Any]) -> None:
         self.last_sent = time.monotonic()
         await self.send(text_data=json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
+
+
+def _ref_of(frame: dict[str, Any]) -> Any:
+    """The frame's ``ref``, echoed in replies: a number or storable string (``None`` when
+    absent); anything else is an ``invalid_frame`` (it could not be sent back)."""
+    ref = frame.get("ref")
+    if ref is None:
+        return None
+    if isinstance(ref, int | float) and not isinstance(ref, bool) and math.isfinite(ref):
+        return ref
+    if isinstance(ref, str) and is_storable(ref) and len(ref) <= MAX_REF_CHARS:
+        return ref
+    raise FrameError(
+        "invalid_frame", f"ref must be a number or a string of at most {MAX_REF_CHARS} characters"
+    )
