@@ -2,11 +2,13 @@
 
 - ``Authorization: Token <key>`` (or ``Bearer``) at the handshake: the token decides; no
   Origin needed (non-browser clients).
-- Otherwise the session cookie is used only when the ``Origin`` is one of our hosts
-  (``ALLOWED_HOSTS``/``CSRF_TRUSTED_ORIGINS``); a foreign Origin is refused at the
-  handshake, and a missing Origin connects anonymous (a first ``auth`` frame with a token
-  may still authenticate it). Browsers always send Origin, so a page on another site can
-  never ride on the user's cookie.
+- Otherwise the session cookie is used only when the ``Origin`` is the site itself, by
+  the rule Django's CSRF check applies to unsafe requests: scheme, host and port equal to
+  the request's own (its ``Host``, which must be in ``ALLOWED_HOSTS``), or an origin of
+  ``CSRF_TRUSTED_ORIGINS`` (``https://*.example.com`` for subdomains). A foreign Origin is
+  refused at the handshake, and a missing Origin connects anonymous (a first ``auth``
+  frame with a token may still authenticate it). Browsers always send Origin, so a page
+  on another site (another port included) can never ride on the user's cookie.
 """
 
 from __future__ import annotations
@@ -15,21 +17,34 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.http.request import validate_host
+from django.http.request import split_domain_port, validate_host
+from django.utils.http import is_same_domain
 
 from streaming.auth import header, token_from_header
 
 
-def origin_allowed(origin: str) -> bool:
+def origin_allowed(origin: str, scope: dict[str, Any]) -> bool:
     parts = urlsplit(origin)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme not in ("http", "https") or not parts.netloc:
         return False
-    if origin.rstrip("/") in {o.rstrip("/") for o in settings.CSRF_TRUSTED_ORIGINS}:
-        return True
-    host = parts.hostname
-    if ":" in host:
-        host = f"[{host}]"
-    return validate_host(host, settings.ALLOWED_HOSTS)
+    origin = f"{parts.scheme}://{parts.netloc}".lower()
+    for trusted in settings.CSRF_TRUSTED_ORIGINS:
+        allowed = urlsplit(trusted)
+        if allowed.scheme != parts.scheme:
+            continue
+        netloc = allowed.netloc.lower()
+        if netloc == parts.netloc.lower():
+            return True
+        if netloc.startswith("*.") and is_same_domain(parts.netloc.lower(), netloc[1:]):
+            return True
+    host = header(scope, b"host")
+    if not host:
+        return False
+    domain, _port = split_domain_port(host)
+    if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+        return False
+    scheme = "https" if scope.get("scheme") in ("wss", "https") else "http"
+    return origin == f"{scheme}://{host.lower()}"
 
 
 class WebSocketAuthMiddleware:
@@ -48,7 +63,7 @@ class WebSocketAuthMiddleware:
         if origin is None:
             # Not a browser: the cookie must not authenticate it.
             scope = {k: v for k, v in scope.items() if k != "session"}
-        elif not origin_allowed(origin):
+        elif not origin_allowed(origin, scope):
             message = await receive()
             if message["type"] == "websocket.connect":
                 await send({"type": "websocket.close", "code": 4403})
