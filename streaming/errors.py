@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+# What API clients authenticate with, announced on every 401 (RFC 9110 requires one).
+AUTHENTICATE = 'Token realm="api"'
+
 
 class ServiceError(Exception):
     """A request the services refuse; ``status`` is the HTTP status it answers with."""

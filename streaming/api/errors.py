@@ -16,7 +16,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
-from streaming.errors import ServiceError, describe, error_body, headers_of
+from streaming.errors import AUTHENTICATE, ServiceError, describe, error_body, headers_of
 
 CODES = {
     400: "invalid",
@@ -32,9 +32,6 @@ CODES = {
     500: "server_error",
     503: "unavailable",
 }
-
-# What API clients authenticate with, announced on every 401 (RFC 9110 requires one).
-AUTHENTICATE = 'Token realm="api"'
 
 JSON_PREFIXES = ("/api/", "/v1/")
 

@@ -17,11 +17,12 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from channels.exceptions import StopConsumer
+from django.db import DatabaseError
 
 from streaming import selectors
 from streaming.auth import header
 from streaming.conf import streaming_settings
-from streaming.errors import ServiceError, describe, error_bytes
+from streaming.errors import AUTHENTICATE, ServiceError, describe, error_bytes
 from streaming.logcontext import stream_context
 from streaming.reading import SlowConsumer, Subscription, has_more, parse_cursor
 from streaming.transports import eventstream
@@ -44,9 +45,12 @@ def cursor_of(scope: dict[str, Any]) -> int:
 
 class MessageStreamConsumer(TaskedHttpConsumer):
     async def http_request(self, message: dict[str, Any]) -> None:
-        """Start the stream and return, so ``http.disconnect`` can still be received."""
-        if "body" in message:
-            self.body.append(message["body"])
+        """Start the stream and return, so ``http.disconnect`` can still be received.
+
+        A stream takes no request body: one is refused at its first byte, never kept."""
+        if message.get("body") or header(self.scope, b"content-length") not in (None, "0"):
+            await self.error(400, "invalid_body", "a stream takes no request body")
+            raise StopConsumer()
         if message.get("more_body"):
             return
         if not await self.open_stream():
@@ -58,12 +62,21 @@ class MessageStreamConsumer(TaskedHttpConsumer):
         if scope["method"] != "GET":
             await self.error(405, "method_not_allowed", "use GET", [(b"allow", b"GET")])
             return False
-        user, state = await selectors.reader_state(
-            scope, scope["url_route"]["kwargs"]["message_id"]
-        )
+        try:
+            user, state = await selectors.reader_state(
+                scope, scope["url_route"]["kwargs"]["message_id"]
+            )
+        except DatabaseError:
+            log.warning("could not look up a stream: the database is unavailable")
+            retry = [(b"retry-after", b"2")]
+            await self.error(503, "unavailable", "the database is unavailable; retry", retry)
+            return False
         if not user.is_authenticated:
             await self.error(
-                401, "not_authenticated", "authentication credentials were not provided"
+                401,
+                "not_authenticated",
+                "authentication credentials were not provided",
+                [(b"www-authenticate", AUTHENTICATE.encode())],
             )
             return False
         try:

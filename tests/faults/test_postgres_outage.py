@@ -54,3 +54,23 @@ async def test_database_outage_mid_stream_loses_nothing(daphne, account, postgre
         assert_exact(reader.events, persisted)
         assert len(persisted["content"]) > 0
         assert (await client.get("/readyz")).status_code == 200
+
+
+async def test_a_stream_opened_while_the_database_is_away_gets_the_json_error(
+    daphne, account, postgres_proxy
+):
+    server = daphne(DATABASE_URL=through(postgres_proxy.port))
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(client, account.token, conversation, "hi")
+        postgres_proxy.cut()
+        try:
+            response = await client.get(
+                f"/api/messages/{message['id']}/stream/", headers=auth(account.token)
+            )
+        finally:
+            postgres_proxy.restore()
+        assert response.status_code == 503
+        assert response.headers["content-type"] == "application/json"
+        assert response.json()["error"]["code"] == "unavailable"
+        assert int(response.headers["retry-after"]) > 0

@@ -1,0 +1,41 @@
+"""What the SSE endpoint refuses before streaming: a request body (a stream takes none,
+and must not hold one in memory for its whole length) and a missing credential (401 with
+the challenge the REST API sends)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.support.clients import auth, create_conversation, post_message
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_a_body_is_refused_and_a_401_names_the_scheme(daphne, account):
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(client, account.token, conversation, "hi")
+        url = f"/api/messages/{message['id']}/stream/"
+
+        with_body = await client.request(
+            "GET", url, headers=auth(account.token), content=b"x" * 4096
+        )
+        assert with_body.status_code == 400
+        assert with_body.json()["error"]["code"] == "invalid_body"
+
+        async def chunks():
+            yield b"chunked"
+
+        chunked = await client.request("GET", url, headers=auth(account.token), content=chunks())
+        assert chunked.status_code == 400
+
+        anonymous = await client.get(url)
+        assert anonymous.status_code == 401
+        assert anonymous.headers["www-authenticate"] == 'Token realm="api"'
+        rest = await client.get(f"/api/messages/{message['id']}/")
+        assert rest.headers["www-authenticate"] == anonymous.headers["www-authenticate"]
+
+        served = await client.get(url, headers=auth(account.token))
+        assert served.status_code == 200
