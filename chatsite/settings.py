@@ -211,6 +211,8 @@ DEFAULT_MAX_TOKENS = env_int("DEFAULT_MAX_TOKENS", 1024)
 MAX_MESSAGE_CHARS = env_int("MAX_MESSAGE_CHARS", 32000)
 MAX_STOP_SEQUENCES = env_int("MAX_STOP_SEQUENCES", 8)
 MAX_CONCURRENT_GENERATIONS_PER_USER = env_int("MAX_CONCURRENT_GENERATIONS_PER_USER", 4)
+# Earlier messages one OpenAI-compatible request may carry (each is stored as a row).
+MAX_PRIOR_MESSAGES = env_int("MAX_PRIOR_MESSAGES", 256)
 
 # --- observability -------------------------------------------------------------------
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "text")  # "text" or "json"

@@ -121,7 +121,13 @@ def _create_exchange(
     grace: float | None,
 ) -> tuple[Message, Message, SegmentPlan]:
     with transaction.atomic():
-        conversation = conversation_for(user, conversation_id, lock=True)
+        if conversation_id is None:
+            # A new conversation, made with its messages or not at all; the owner's row is
+            # locked as conversation_for(lock=True) does, for the limit's count.
+            type(user).objects.select_for_update().filter(pk=user.pk).first()
+            conversation = Conversation.objects.create(owner=user)
+        else:
+            conversation = conversation_for(user, conversation_id, lock=True)
         _check_capacity(user)
         for turn in prior:
             Message.objects.create(conversation=conversation, role=turn.role, content=turn.content)
@@ -194,6 +200,10 @@ def create_exchange(
 ) -> Exchange:
     """Create the user message and the streaming assistant message, and start the answer.
 
+    ``conversation_id`` ``None``: in a new conversation, created in the same transaction
+    (a refused request leaves nothing behind). ``prior``: earlier turns to store first
+    (the OpenAI endpoint's history), at most ``MAX_PRIOR_MESSAGES``.
+
     Synchronous, for the thread that already holds a database connection (a REST
     request's): the rows are written here and only the start hops onto the runtime's
     event loop, which does no database work for it, so a request thread never waits on
@@ -203,6 +213,11 @@ def create_exchange(
     runtime = get_runtime()
     content = _validate_content(content)
     params = clean_params(raw_params)
+    if prior and len(prior) > settings.MAX_PRIOR_MESSAGES:
+        raise InvalidParams(
+            f"at most {settings.MAX_PRIOR_MESSAGES} earlier messages per request",
+            field="messages",
+        )
     user_message, assistant, plan = _create_exchange(
         user,
         conversation_id,

@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Any
 
-from streaming import database, selectors, services
+from streaming import selectors, services
 from streaming.api.completions import (
     FAILED,
     ChunkStream,
@@ -178,26 +178,17 @@ class ChatCompletionsConsumer(OpenAIConsumer):
                     await services.stop_answers([message_id], reason=Status.ABANDONED, wait=0)
 
     async def post(self, user: Any, request: CompletionRequest) -> services.Exchange:
-        """Start the answer in the conversation named by ``X-Conversation-Id`` or a new one
-        (removed again if the answer cannot start, so a refused call leaves nothing)."""
+        """Start the answer in the conversation named by ``X-Conversation-Id`` or in a new
+        one, created with the answer (a refused call leaves nothing)."""
         conversation_id = header(self.scope, b"x-conversation-id")
-        created = None
-        if conversation_id is None:
-            created = await database.run(services.create_conversation, user)
-            conversation_id = str(created.id)
-        try:
-            return await services.post_message(
-                user,
-                conversation_id.strip(),
-                request.content,
-                request.params,
-                prior=request.prior,
-                abandon_grace=0,
-            )
-        except ServiceError:
-            if created is not None:
-                await database.run(services.delete_conversation, user, created.id)
-            raise
+        return await services.post_message(
+            user,
+            None if conversation_id is None else conversation_id.strip(),
+            request.content,
+            request.params,
+            prior=request.prior,
+            abandon_grace=0,
+        )
 
     async def stream(
         self,

@@ -55,6 +55,8 @@ def decode_json_body(raw: bytes) -> Any:
         return json.loads(text, parse_constant=_reject_constant)
     except ValueError as exc:
         raise InvalidBody(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidBody("the request body is nested too deeply") from None
 
 
 class JSONBodyParser(JSONParser):

@@ -1,0 +1,52 @@
+"""Bodies that used to cost a 500 or unbounded work: JSON nested past the parser's depth
+(REST and /v1), and a /v1 call carrying tens of thousands of earlier messages. Each is a
+400 naming what is wrong, and a refused /v1 call leaves no conversation behind."""
+
+from __future__ import annotations
+
+from tests.api.calls import assert_error, client, new_conversation
+
+
+def test_deeply_nested_json_is_400_everywhere(daphne, account):
+    server = daphne()
+    deep = '{"content": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    headers = {"content-type": "application/json"}
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        rest = api.post(
+            f"/api/conversations/{conversation}/messages/", content=deep, headers=headers
+        )
+        assert_error(rest, 400, "invalid_body")
+        bearer = {"Authorization": f"Bearer {account.token}", **headers}
+        v1 = api.post("/v1/chat/completions", content=deep, headers=bearer)
+        assert v1.status_code == 400
+        assert v1.json()["error"]["code"] == "invalid_body"
+
+
+def test_openai_bounds_the_history_and_a_refusal_leaves_nothing(daphne, account):
+    server = daphne(MAX_PRIOR_MESSAGES=50)
+    bearer = {"Authorization": f"Bearer {account.token}"}
+    history = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}] * 30
+    with client(server, account.token) as api:
+        before = api.get("/api/conversations/").json()["count"]
+        too_long = {"model": "simulated", "messages": [*history, {"role": "user", "content": "q"}]}
+        refused = api.post("/v1/chat/completions", json=too_long, headers=bearer)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "messages"
+        bad_params = {
+            "model": "simulated",
+            "messages": [{"role": "user", "content": "q"}],
+            "max_tokens": 10**9,
+        }
+        refused = api.post("/v1/chat/completions", json=bad_params, headers=bearer)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "max_tokens"
+        assert api.get("/api/conversations/").json()["count"] == before
+
+        fits = {"model": "simulated", "messages": [*history[:48], {"role": "user", "content": "q"}]}
+        answered = api.post("/v1/chat/completions", json=fits, headers=bearer)
+        assert answered.status_code == 200, answered.text
+        conversation = answered.headers["x-conversation-id"]
+        stored = api.get(f"/api/conversations/{conversation}/messages/").json()
+        assert stored["count"] == 50  # 48 earlier turns, the question and the answer
+        assert [m["role"] for m in stored["results"][:2]] == ["user", "assistant"]
