@@ -40,4 +40,17 @@ CsrfViewMiddleware = _sync_only(_CsrfView)
 AuthenticationMiddleware = _sync_only(_Authentication)
 MessageMiddleware = _sync_only(_Message)
 XFrameOptionsMiddleware = _sync_only(_XFrameOptions)
-PrometheusAfterMiddleware = _sync_only(_PrometheusAfter)
+
+
+class _BoundedPrometheusAfter(_PrometheusAfter):
+    """django-prometheus with every ``method`` label bounded: it labels request latency by
+    the raw method, so each made-up method a client sends (``FOO``, ``X1``...) was a new
+    time series, forever (2,000 requests grew /metrics from 95 KB to 4.3 MB)."""
+
+    def label_metric(self, metric: Any, request: Any, response: Any = None, **labels: Any) -> Any:
+        if "method" in labels:
+            labels["method"] = self._method(request)
+        return super().label_metric(metric, request, response, **labels)
+
+
+PrometheusAfterMiddleware = _sync_only(_BoundedPrometheusAfter)
