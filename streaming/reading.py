@@ -169,6 +169,8 @@ class Subscription:
                 batch = [e for e in batch if e["seq"] > self.cursor]
                 if not batch:
                     continue
+                if batch[0]["seq"] > self.cursor + 1 and not _says_missing(batch[0]):
+                    batch = await self._bridge(batch)
                 await self._wait_for_client()
                 wait = last_write + min_interval - time.monotonic()
                 if wait > 0 and batch[-1]["type"] == events.DELTA:
@@ -193,6 +195,32 @@ class Subscription:
                 transport=self.transport, status=self.ended_status or "disconnected"
             ).inc()
             await self.presence.detach(message_id, live=live, ended=self.ended_status is not None)
+
+    async def _bridge(self, batch: list[events.Event]) -> list[events.Event]:
+        """The log does not go back to the reader's cursor (Redis lost data, or a finished
+        segment's log expired before a Continue): seqs are contiguous, so the events in
+        between are gone from the log. The database's copy covers them when it reaches
+        that far and the reader starts from the beginning (its text is the message's
+        whole content); otherwise the reader is told plainly that text is missing."""
+        first = batch[0]["seq"]
+        if self.cursor == 0:
+            if self.state.final:
+                return snapshot(self.state, 0)
+            content, last_seq = await database.run(_persisted, self.state.id)
+            if last_seq >= first - 1 and last_seq >= 2:
+                covered = [
+                    events.start(1, message_id=self.state.id, segment=0, model=""),
+                    events.delta(last_seq, content),
+                ]
+                return covered + [e for e in batch if e["seq"] > last_seq]
+        gap = events.error(
+            first - 1,
+            message=f"events {self.cursor + 1}-{first - 1} of this answer are gone from the "
+            "event log, so text is missing here; fetch the message for its stored text",
+            type="ResumeGap",
+            code="resume_gap",
+        )
+        return [gap, *batch]
 
     async def _finished(self) -> AsyncIterator[list[events.Event] | None]:
         log = self.log
@@ -248,6 +276,20 @@ class Subscription:
                 recorded.write_gap.observe(now - self.last_delta_at)
             self.last_delta_at = now
         recorded.frames_written.inc()
+
+
+# The error codes of events that already tell a reader its text is incomplete.
+MISSING_CODES = ("resume_unavailable", "resume_gap")
+
+
+def _says_missing(event: events.Event) -> bool:
+    return event["type"] == events.ERROR and event["error"].get("code") in MISSING_CODES
+
+
+def _persisted(message_id: str) -> tuple[str, int]:
+    """The message's stored text and the seq it reaches (written together, write-behind)."""
+    content, last_seq = Message.objects.values_list("content", "last_seq").get(id=message_id)
+    return content, last_seq
 
 
 async def wait_until_ended(

@@ -111,19 +111,26 @@ class Reaper:
         return reaped
 
     async def reap_one(self, orphan: Orphan) -> bool:
-        logged = await self.log.read(orphan.message_id, orphan.first_seq - 1)
-        deltas = [e["text"] for e in logged if e["type"] == events.DELTA]
-        if logged:
-            content = orphan.db_content[: orphan.start_offset] + "".join(deltas)
-            last_seq = logged[-1]["seq"]
-        else:  # the log is gone (in-memory backend of a dead process): keep what was flushed
-            content = orphan.db_content
-            last_seq = orphan.db_last_seq
+        """Finalise one orphan from the database's text and the log's tail, spliced by
+        seq: the write-behind stores the text with the seq it reaches, so the log is only
+        needed after that seq (a log that lost its beginning to a Redis restart loses
+        nothing stored). A log that does not reach back that far leaves a hole, said so."""
+        stored = orphan.db_last_seq
+        logged = await self.log.read(orphan.message_id, stored)
+        tail = "".join(e["text"] for e in logged if e["type"] == events.DELTA)
+        content = orphan.db_content + tail
+        last_seq = logged[-1]["seq"] if logged else stored
+        why = "the server process generating this answer stopped"
+        if logged and logged[0]["seq"] > stored + 1:
+            why += (
+                f"; events {stored + 1}-{logged[0]['seq'] - 1} were lost from the event log, "
+                "so text is missing there"
+            )
         termination = Termination(
             status=Status.INTERRUPTED.value,
             completion_tokens=orphan.completion_tokens,
             error_type="Interrupted",
-            error_message="the server process generating this answer stopped",
+            error_message=why,
             worker=orphan.worker,
         )
         termination.inspect_text(content)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.faults.readers import Reader, assert_exact
-from tests.support.clients import auth, create_conversation, post_message
+from tests.support.clients import auth, create_conversation, post_message, wait_for_status
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.redis]
 
@@ -52,8 +52,53 @@ async def test_redis_restart_mid_stream_loses_nothing(daphne, account, private_r
         assert_exact(local.events, persisted)
         assert_exact(remote.events, persisted)
         assert len(persisted["content"]) > 0
-        # A reader arriving after the restart replays what the log still holds and ends.
+        # A reader arriving after the restart, from the beginning: the log holds only what
+        # came after the restart, the database the rest; the reader gets all of it.
         late = Reader(b, account.token, message["id"])
         async with asyncio.timeout(30):
             await late.run()
         assert late.events[-1]["type"] == "done"
+        late_text = "".join(e["text"] for e in late.events if e["type"] == "delta")
+        assert late_text == persisted["content"]
+
+
+async def test_redis_restart_then_a_crash_keeps_the_text_from_its_first_character(
+    daphne, account, private_redis
+):
+    """After a restart the log holds only what came since; the generating process then
+    dies. The reaper splices the database's text (which records the seq it reaches) with
+    the log's tail: nothing from before the restart is lost."""
+    env = {
+        "REDIS_URL": private_redis.url,
+        "STREAM_HEARTBEAT_INTERVAL": "0.3",
+        "STREAM_HEARTBEAT_TIMEOUT": "1.5",
+        "STREAM_FLUSH_INTERVAL": "0.1",
+    }
+    generating = daphne("gen", **env)
+    reaping = daphne("reap", **env)
+    async with (
+        httpx.AsyncClient(base_url=generating.url, timeout=30) as a,
+        httpx.AsyncClient(base_url=reaping.url, timeout=30) as b,
+    ):
+        conversation = await create_conversation(a, account.token)
+        message = await post_message(
+            a, account.token, conversation, "hi",
+            simulation={"length": 2000, "tokens_per_second": 40, "ttft_ms": 0},
+        )  # fmt: skip
+        remote = Reader(b, account.token, message["id"])
+        task = asyncio.create_task(remote.run())
+        async with asyncio.timeout(30):
+            await remote.seen(20).wait()
+        private_redis.kill()
+        await asyncio.sleep(OUTAGE_SECONDS)
+        private_redis.start()
+        async with asyncio.timeout(30):
+            await remote.seen(remote.deltas + 20).wait()  # streaming again, on the new log
+        generating.kill()
+        async with asyncio.timeout(60):
+            await task
+        persisted = await wait_for_status(b, account.token, message["id"])
+        assert persisted["status"] == "interrupted", persisted["termination"]
+        assert_exact(remote.events, persisted)
+        first = next(e["text"] for e in remote.events if e["type"] == "delta")
+        assert persisted["content"].startswith(first)

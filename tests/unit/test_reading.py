@@ -352,3 +352,49 @@ async def test_waiting_for_a_message_that_already_ended_returns_at_once() -> Non
     )
     # No log, no limit: only the record can end this wait.
     await asyncio.wait_for(wait_until_ended(Hub(MemoryStreamLog()), answer.message_id, None), HANG)
+
+
+# --- a log that does not reach back to the reader ---------------------------------------------
+@pytest.mark.django_db(transaction=True)
+async def test_a_reader_from_the_start_gets_the_stored_text_for_what_the_log_lost(
+    parts: Parts,
+) -> None:
+    # The database holds the text up to seq 6; the log (after a Redis restart) from seq 5.
+    answer = await create_answer("tests:reading:gap", content="Hello wor", last_seq=6)
+    message = state(last_seq=6, content="Hello wor")
+    message.id = answer.message_id
+    tail = [events.delta(5, "o wor"), events.delta(6, "ld"), events.delta(7, "!")]
+    await parts.log.append(message.id, [*tail, events.done(8, segment=0, termination=ENDED)])
+    got = [e for frame in await frames_of(parts.subscribe(message, 0)) for e in frame]
+    assert got[0] == events.start(1, message_id=message.id, segment=0, model="")
+    text = "".join(e["text"] for e in got if e["type"] == events.DELTA)
+    assert text == "Hello wor!", "the stored text up to seq 6, then the log after it"
+    assert [e["seq"] for e in got] == sorted({e["seq"] for e in got})
+    assert got[-1]["type"] == events.DONE
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_gap_the_stored_text_does_not_cover_is_said(parts: Parts) -> None:
+    answer = await create_answer("tests:reading:hole", content="He", last_seq=2)
+    message = state(last_seq=2, content="He")
+    message.id = answer.message_id
+    await parts.log.append(
+        message.id, [events.delta(6, "end"), events.done(7, segment=0, termination=ENDED)]
+    )
+    got = [e for frame in await frames_of(parts.subscribe(message, 0)) for e in frame]
+    assert got[0]["type"] == events.ERROR
+    assert got[0]["error"]["code"] == "resume_gap"
+    assert "1-5" in got[0]["error"]["message"]
+    # A resume past the start cannot be bridged from the whole text: it is told too.
+    resumed = [e for frame in await frames_of(parts.subscribe(message, 3)) for e in frame]
+    assert resumed[0]["error"]["code"] == "resume_gap" and "4-5" in resumed[0]["error"]["message"]
+
+
+async def test_a_finished_message_whose_log_lost_its_start_is_rebuilt_from_the_record(
+    parts: Parts,
+) -> None:
+    finished = state(Status.COMPLETE.value, last_seq=9, content="Hello", termination=ENDED)
+    await parts.log.append(
+        finished.id, [events.delta(8, "lo"), events.done(9, segment=0, termination=ENDED)]
+    )
+    assert await frames_of(parts.subscribe(finished, 0)) == [events.merge(snapshot(finished, 0))]

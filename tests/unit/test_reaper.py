@@ -249,3 +249,26 @@ async def test_a_worker_that_beats_again_is_not_reaped(redis_presence: Any) -> N
         await restarted.leave()
         assert await reaper.reap() == 1
     assert (await load_message(answer.message_id)).status == Status.INTERRUPTED
+
+
+async def test_a_log_that_lost_its_start_is_spliced_with_the_stored_text() -> None:
+    """After a Redis restart the log starts late; the stored text reaches seq 3."""
+    worker = dead_worker()
+    answer = await create_answer(worker, content="Hello", last_seq=3)
+    reaper = reaper_of()
+    await reaper.log.append(answer.message_id, [events.delta(3, "lo"), events.delta(4, " you")])
+    assert await reaper.reap(confirm=False) == 1
+    message = await load_message(answer.message_id)
+    assert (message.content, message.last_seq) == ("Hello you", 5)
+    assert "lost" not in message.termination["error_message"]
+
+
+async def test_a_hole_between_the_stored_text_and_the_log_is_recorded() -> None:
+    worker = dead_worker()
+    answer = await create_answer(worker, content="Hel", last_seq=2)
+    reaper = reaper_of()
+    await reaper.log.append(answer.message_id, [events.delta(6, " tail")])
+    assert await reaper.reap(confirm=False) == 1
+    message = await load_message(answer.message_id)
+    assert message.content == "Hel tail"
+    assert "events 3-5 were lost" in message.termination["error_message"]
