@@ -59,6 +59,9 @@ DEFAULTS: dict[str, Any] = {
     # Events a process keeps per message for its local readers; one further behind reads
     # back from the log, so a stalled client cannot pin a whole answer in memory.
     "HUB_MAX_EVENTS": 512,
+    # Events read from the log at once by a reader that is behind or replays a finished
+    # answer: bounds the memory a reader costs and the size of one merged frame.
+    "LOG_READ_EVENTS": 512,
     # How long deleting a conversation or the admin's Stop waits for answers to end.
     "STOP_WAIT": 5.0,
     # The largest WebSocket frame a client may send, in characters, and how many messages

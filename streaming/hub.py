@@ -218,7 +218,11 @@ class Hub:
         try:
             while True:
                 # Behind what the topic holds: read back from the log first.
-                batch = [] if topic.covers(cursor) else await self.log.read(message_id, cursor)
+                batch = (
+                    []
+                    if topic.covers(cursor)
+                    else await self.log.read(message_id, cursor, limit=self.max_events)
+                )
                 if not batch:
                     batch = topic.after(cursor)
                 if batch:

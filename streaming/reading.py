@@ -186,7 +186,7 @@ class Subscription:
                 self._observe(merged)
                 last_write = time.monotonic()
                 yield merged
-                if merged[-1]["type"] == events.DONE:
+                if self._ends(merged[-1]):
                     self.ended_status = merged[-1].get("status")
                     return
         finally:
@@ -223,29 +223,47 @@ class Subscription:
         return [gap, *batch]
 
     async def _finished(self) -> AsyncIterator[list[events.Event] | None]:
+        """Replay a finished message from its log a page at a time, so a long answer is
+        never loaded whole and every page goes through the send-buffer bound like live
+        events (a page of ``LOG_READ_EVENTS`` events also bounds a merged frame)."""
         log = self.log
-        logged = await log.read(self.state.id, self.cursor)
+        page = streaming_settings.LOG_READ_EVENTS
+        message_id = self.state.id
+        logged = await log.read(message_id, self.cursor, limit=page)
         if not logged:
             if has_more(self.state, self.cursor):
                 yield snapshot(self.state, self.cursor)
             return
-        yield logged
+        cursor = self.cursor
         # The record is committed before its `done` is appended, so a reader can find the
         # record final and the log one event short: wait briefly for the `done`, then take
         # the record's word for how the message ended.
-        cursor = logged[-1]["seq"]
-        deadline = time.monotonic() + FINAL_DONE_WAIT
-        while logged[-1]["type"] != events.DONE:
-            if time.monotonic() > deadline:
+        deadline: float | None = None
+        while True:
+            if logged:
+                cursor = logged[-1]["seq"]
+                yield logged
+                if self._ends(logged[-1]):
+                    return
+                if len(logged) == page:
+                    logged = await log.read(message_id, cursor, limit=page)
+                    continue
+            now = time.monotonic()
+            deadline = now + FINAL_DONE_WAIT if deadline is None else deadline
+            if now > deadline:
                 yield [
                     events.done(self.state.last_seq, segment=-1, termination=self.state.termination)
                 ]
                 return
             await asyncio.sleep(DRAIN_POLL)
-            logged = await log.read(self.state.id, cursor) or logged
-            if logged[-1]["seq"] > cursor:
-                cursor = logged[-1]["seq"]
-                yield logged
+            logged = await log.read(message_id, cursor, limit=page)
+
+    def _ends(self, event: events.Event) -> bool:
+        """Whether ``event`` ends this reader's stream: a ``done`` ends a live segment;
+        a finished message's replay ends with its last ``done``, not an earlier segment's."""
+        if event["type"] != events.DONE:
+            return False
+        return not self.state.final or event["seq"] >= self.state.last_seq
 
     async def _wait_for_client(self) -> None:
         probe = self.send_buffer

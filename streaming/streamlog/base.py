@@ -27,8 +27,9 @@ class StreamLog(abc.ABC):
     async def append(self, message_id: str, events: list[Event]) -> None: ...
 
     @abc.abstractmethod
-    async def read(self, message_id: str, after: int = 0) -> list[Event]:
-        """Every event with seq > after, oldest first (empty if the log is gone)."""
+    async def read(self, message_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
+        """The events with seq > after, oldest first, at most ``limit`` of them (empty if
+        the log is gone)."""
 
     @abc.abstractmethod
     def follow(self, message_id: str, after: int = 0) -> AsyncIterator[list[Event]]:

@@ -63,11 +63,12 @@ class MemoryStreamLog(StreamLog):
         entry.wake.set()
         entry.wake = asyncio.Event()
 
-    async def read(self, message_id: str, after: int = 0) -> list[Event]:
+    async def read(self, message_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
         entry = self._entry(message_id)
         if entry is None:
             return []
-        return _after(entry.events, after)
+        found = _after(entry.events, after)
+        return found if limit is None else found[:limit]
 
     async def follow(self, message_id: str, after: int = 0) -> AsyncIterator[list[Event]]:
         while True:

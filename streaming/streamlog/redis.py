@@ -200,8 +200,10 @@ class RedisStreamLog(StreamLog):
             position += span
         return results
 
-    async def read(self, message_id: str, after: int = 0) -> list[Event]:
-        entries: Any = await self._redis.xrange(stream_key(message_id), min=f"({_entry_id(after)}")
+    async def read(self, message_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
+        entries: Any = await self._redis.xrange(
+            stream_key(message_id), min=f"({_entry_id(after)}", count=limit
+        )
         return _decode(entries)
 
     async def follow(self, message_id: str, after: int = 0) -> AsyncIterator[list[Event]]:

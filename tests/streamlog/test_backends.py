@@ -46,6 +46,14 @@ async def test_replay_after_a_cursor(log: StreamLog):
     assert (await log.read(mid, 1))[0] == {"seq": 2, "type": "delta", "text": "t2 "}
 
 
+async def test_a_read_is_bounded_by_its_limit(log: StreamLog):
+    mid = str(uuid.uuid4())
+    await log.append(mid, deltas(1, 10))
+    assert [e["seq"] for e in await log.read(mid, 0, limit=4)] == [1, 2, 3, 4]
+    assert [e["seq"] for e in await log.read(mid, 4, limit=4)] == [5, 6, 7, 8]
+    assert [e["seq"] for e in await log.read(mid, 8, limit=4)] == [9, 10]
+
+
 async def test_follow_replays_then_follows_live_until_done(log: StreamLog):
     mid = str(uuid.uuid4())
     await log.append(mid, deltas(1, 3))

@@ -398,3 +398,32 @@ async def test_a_finished_message_whose_log_lost_its_start_is_rebuilt_from_the_r
         finished.id, [events.delta(8, "lo"), events.done(9, segment=0, termination=ENDED)]
     )
     assert await frames_of(parts.subscribe(finished, 0)) == [events.merge(snapshot(finished, 0))]
+
+
+async def test_a_long_finished_answer_is_replayed_page_by_page() -> None:
+    """Three segments, 3,000 deltas: read 100 events at a time, merged per page, through
+    the intermediate segments' ends to the last one."""
+    with override_settings(STREAMING={"MIN_WRITE_INTERVAL": 0, "LOG_READ_EVENTS": 100}):
+        parts = Parts()
+        mid = str(uuid.uuid4())
+        seq, logged = 0, []
+        for segment in range(3):
+            seq += 1
+            logged.append(events.start(seq, message_id=mid, segment=segment, model="m"))
+            for i in range(1000):
+                seq += 1
+                logged.append(events.delta(seq, f"{segment}.{i} "))
+            seq += 1
+            logged.append(events.done(seq, segment=segment, termination=ENDED))
+        await parts.log.append(mid, logged)
+        text = "".join(e["text"] for e in logged if e["type"] == events.DELTA)
+        finished = state(Status.COMPLETE.value, last_seq=seq, content=text, termination=ENDED)
+        finished.id = mid
+        frames = await frames_of(parts.subscribe(finished, 0))
+    assert len(frames) >= len(logged) // 100
+    got = [e for frame in frames for e in frame]
+    assert "".join(e["text"] for e in got if e["type"] == events.DELTA) == text
+    assert [e["seq"] for e in got if e["type"] == events.DONE] == [1002, 2004, 3006]
+    longest = max(len(e["text"]) for e in logged if e["type"] == events.DELTA)
+    for frame in frames:  # a frame merges at most one page of deltas
+        assert sum(len(e["text"]) for e in frame if e["type"] == events.DELTA) <= 100 * longest
