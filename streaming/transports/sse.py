@@ -44,13 +44,15 @@ def cursor_of(scope: dict[str, Any]) -> int:
 
 
 class MessageStreamConsumer(TaskedHttpConsumer):
+    got_body = False
+
     async def http_request(self, message: dict[str, Any]) -> None:
         """Start the stream and return, so ``http.disconnect`` can still be received.
 
-        A stream takes no request body: one is refused at its first byte, never kept."""
-        if message.get("body") or header(self.scope, b"content-length") not in (None, "0"):
-            await self.error(400, "invalid_body", "a stream takes no request body")
-            raise StopConsumer()
+        A stream takes no request body: one is refused (after authentication, as the REST
+        API checks bodies) and never kept: its chunks are dropped as they arrive."""
+        if message.get("body"):
+            self.got_body = True
         if message.get("more_body"):
             return
         if not await self.open_stream():
@@ -78,6 +80,9 @@ class MessageStreamConsumer(TaskedHttpConsumer):
                 "authentication credentials were not provided",
                 [(b"www-authenticate", AUTHENTICATE.encode())],
             )
+            return False
+        if self.got_body or header(scope, b"content-length") not in (None, "0"):
+            await self.error(400, "invalid_body", "a stream takes no request body")
             return False
         try:
             after = cursor_of(scope)
