@@ -15,7 +15,25 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 
+from streaming import events
 from streaming.events import Event
+
+# How long a deleted log is remembered as deleted, for followers that start late.
+TOMBSTONE_SECONDS = 60
+
+
+def deleted_done(after: int) -> Event:
+    """The terminal event a follower of a deleted log ends with (the answer was stopped
+    with its conversation)."""
+    return events.done(
+        after + 1,
+        segment=-1,
+        termination={
+            "status": "cancelled",
+            "error_type": "Deleted",
+            "error_message": "the conversation was deleted",
+        },
+    )
 
 
 class SeqConflict(Exception):
@@ -43,7 +61,10 @@ class StreamLog(abc.ABC):
         """The message ended: keep its log only for ``STREAM_LOG_TTL`` seconds."""
 
     @abc.abstractmethod
-    async def delete(self, message_id: str) -> None: ...
+    async def delete(self, message_id: str) -> None:
+        """Remove the log. Its followers, those waiting now and those that start within
+        ``TOMBSTONE_SECONDS``, end with ``deleted_done`` instead of waiting for events
+        that will never come."""
 
     async def ping(self) -> None:
         """Raise if the backend is unreachable (used by /readyz)."""

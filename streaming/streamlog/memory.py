@@ -14,22 +14,25 @@ from collections.abc import AsyncIterator
 
 from streaming.conf import streaming_settings
 from streaming.events import DONE, Event
-from streaming.streamlog.base import SeqConflict, StreamLog
+from streaming.streamlog.base import TOMBSTONE_SECONDS, SeqConflict, StreamLog, deleted_done
 
 
 class _Entry:
-    __slots__ = ("events", "expires_at", "wake")
+    __slots__ = ("deleted", "events", "expires_at", "wake")
 
     def __init__(self) -> None:
         self.events: list[Event] = []
         self.wake = asyncio.Event()
         self.expires_at: float | None = None
+        self.deleted = False
 
 
 class MemoryStreamLog(StreamLog):
     def __init__(self, max_messages: int = 10_000) -> None:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._max_messages = max_messages
+        # Deleted logs, and until when their late followers are told so.
+        self._tombstones: dict[str, float] = {}
 
     def _entry(self, message_id: str, create: bool = False) -> _Entry | None:
         entry = self._entries.get(message_id)
@@ -72,6 +75,9 @@ class MemoryStreamLog(StreamLog):
 
     async def follow(self, message_id: str, after: int = 0) -> AsyncIterator[list[Event]]:
         while True:
+            if self._tombstones.get(message_id, 0.0) > time.time():
+                yield [deleted_done(after)]
+                return
             entry = self._entry(message_id, create=True)
             assert entry is not None
             batch = _after(entry.events, after)
@@ -93,7 +99,14 @@ class MemoryStreamLog(StreamLog):
             entry.expires_at = time.time() + streaming_settings.LOG_TTL
 
     async def delete(self, message_id: str) -> None:
-        self._entries.pop(message_id, None)
+        now = time.time()
+        for gone in [m for m, until in self._tombstones.items() if until <= now]:
+            del self._tombstones[gone]
+        self._tombstones[message_id] = now + TOMBSTONE_SECONDS
+        entry = self._entries.pop(message_id, None)
+        if entry is not None:
+            entry.deleted = True
+            entry.wake.set()
 
 
 def _after(events: list[Event], after: int) -> list[Event]:

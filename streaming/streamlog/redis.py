@@ -32,7 +32,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streaming.conf import streaming_settings
 from streaming.events import DONE, START, Event, dumps
-from streaming.streamlog.base import SeqConflict, StreamLog
+from streaming.streamlog.base import TOMBSTONE_SECONDS, SeqConflict, StreamLog, deleted_done
 
 KEY_PREFIX = "chat:log:"
 RETRY_FIRST_DELAY = 0.05
@@ -68,6 +68,10 @@ return out
 
 def stream_key(message_id: str) -> str:
     return f"{KEY_PREFIX}{message_id}"
+
+
+def tombstone_key(message_id: str) -> str:
+    return f"{KEY_PREFIX}{message_id}:deleted"
 
 
 def _entry_id(seq: int) -> str:
@@ -221,6 +225,15 @@ class RedisStreamLog(StreamLog):
                 continue
             delay = RETRY_FIRST_DELAY
             if not reply:
+                # Idle for a block: was the log deleted under us (a deletion does not wake
+                # a blocked XREAD)? One EXISTS per idle follower per block.
+                try:
+                    deleted = bool(await self._redis.exists(tombstone_key(message_id)))
+                except UNAVAILABLE:
+                    deleted = False
+                if deleted:
+                    yield [deleted_done(int(cursor.split("-")[0]))]
+                    return
                 continue
             entries = reply[0][1]
             batch = _decode(entries)
@@ -237,7 +250,10 @@ class RedisStreamLog(StreamLog):
         await self._redis.expire(stream_key(message_id), streaming_settings.LOG_TTL)
 
     async def delete(self, message_id: str) -> None:
-        await self._redis.delete(stream_key(message_id))
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(tombstone_key(message_id), "1", ex=TOMBSTONE_SECONDS)
+        pipe.delete(stream_key(message_id))
+        await pipe.execute()
 
     async def ping(self) -> None:
         await self._redis.ping()

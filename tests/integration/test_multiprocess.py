@@ -153,3 +153,42 @@ async def test_killed_process_is_reaped_and_nothing_is_lost(daphne, account):
         assert len(persisted["content"]) > 0
         assert persisted["segments"][0]["status"] == "interrupted"
         assert persisted["last_seq"] == done["seq"]
+
+
+async def test_deleting_a_conversation_ends_readers_of_a_dead_process_answer(daphne, account):
+    """The generating process died and no reaper has acted yet (a long heartbeat timeout):
+    deleting the conversation must still end the reader following the answer elsewhere."""
+    slow_reaper = {"STREAM_HEARTBEAT_TIMEOUT": "600"}
+    a, b = daphne("a", **slow_reaper), daphne("b", **slow_reaper)
+    async with (
+        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+    ):
+        conversation = await create_conversation(ca, account.token)
+        message = await post_message(
+            ca, account.token, conversation, "long",
+            simulation={"length": 3000, "tokens_per_second": 40},
+        )  # fmt: skip
+        url = f"/api/messages/{message['id']}/stream/"
+        seen: list[dict] = []
+        async with asyncio.timeout(60), cb.stream("GET", url, headers=auth(account.token)) as r:
+            async for item in iter_sse(r):
+                if isinstance(item, str):
+                    continue
+                seen.append(item.data)
+                if len(seen) == 5:
+                    a.kill()
+                    deleted = await cb.delete(
+                        f"/api/conversations/{conversation}/", headers=auth(account.token)
+                    )
+                    assert deleted.status_code == 204
+                if item.data["type"] == "done":
+                    break
+        done = seen[-1]
+        assert (done["type"], done["status"], done["error_type"]) == (
+            "done",
+            "cancelled",
+            "Deleted",
+        )
+        gone = await cb.get(f"/api/messages/{message['id']}/", headers=auth(account.token))
+        assert gone.status_code == 404

@@ -26,7 +26,8 @@ async def log(request: pytest.FixtureRequest) -> AsyncIterator[StreamLog]:
         pytest.skip("needs REDIS_URL")
     from streaming.streamlog.redis import RedisStreamLog
 
-    backend = RedisStreamLog(url)
+    # A short block: how long an idle follower takes to notice a deletion.
+    backend = RedisStreamLog(url, follow_block_ms=200)
     yield backend
     await backend.close()
 
@@ -103,3 +104,31 @@ async def test_finish_and_delete(log: StreamLog):
     await log.delete(mid)
     assert await log.read(mid, 0) == []
     assert await log.last_seq(mid) == 0
+
+
+async def test_followers_of_a_deleted_log_end_with_a_terminal_event(log: StreamLog):
+    mid = str(uuid.uuid4())
+    await log.append(mid, deltas(1, 3))
+
+    following = asyncio.Event()
+
+    async def follow_all() -> list[dict]:
+        got: list[dict] = []
+        async for batch in log.follow(mid, 0):
+            got.extend(batch)
+            following.set()
+        return got
+
+    waiting = asyncio.create_task(follow_all())
+    await following.wait()  # it has the deltas and waits for more (or is about to)
+    await log.delete(mid)
+    got = await asyncio.wait_for(waiting, 10)
+    assert [e["seq"] for e in got] == [1, 2, 3, 4]
+    assert (got[-1]["type"], got[-1]["status"], got[-1]["error_type"]) == (
+        "done",
+        "cancelled",
+        "Deleted",
+    )
+    late = await asyncio.wait_for(follow_all(), 10)
+    assert [(e["type"], e["seq"]) for e in late] == [("done", 1)]
+    assert await log.read(mid, 0) == []
