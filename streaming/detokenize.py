@@ -4,7 +4,7 @@ Byte-level BPE engines emit tokens that are byte strings, not text: a Japanese c
 (3 bytes) or an emoji (4 bytes) is regularly split across two or three tokens. Decoding each
 token on its own would show U+FFFD where the split falls. `Detokenizer` keeps the incomplete
 tail until the next token completes it, and shows U+FFFD only for bytes that can never become
-a character.
+a character (and drops the bytes of one the end of generation cut short).
 
 On top of that it avoids ending a delta where the next character is very likely to change how
 the last one renders: on a zero-width joiner, on the first half of a flag, or on an emoji that
@@ -69,12 +69,13 @@ class Detokenizer:
     the last character, because it runs for every token of every stream.
     """
 
-    __slots__ = ("_decode", "_held")
+    __slots__ = ("_decode", "_decoder", "_held")
 
     def __init__(self) -> None:
         # "replace" turns bytes into U+FFFD only once the codec knows they cannot start or
         # continue a character; an incomplete sequence stays buffered inside the decoder.
-        self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._decode = self._decoder.decode
         self._held = ""
 
     def feed(self, token_bytes: bytes) -> str:
@@ -91,8 +92,11 @@ class Detokenizer:
     def flush(self) -> str:
         """Return everything still held at the end of generation.
 
-        A sequence cut short by the end of the stream is genuinely invalid and becomes U+FFFD.
+        The bytes of a character the end cut short (``max_tokens`` mid-character) are not
+        output, as vLLM holds them back too: the text ends with the last whole character,
+        and a Continue generates the cut one whole instead of after a U+FFFD.
         """
-        text = self._held + self._decode(b"", final=True)
+        text = self._held
         self._held = ""
+        self._decoder.reset()
         return text

@@ -206,3 +206,38 @@ async def test_interrupted_answers_continue_automatically_when_enabled(daphne, a
     assert final["segments"][1]["worker"] != final["segments"][0]["worker"]
     text = text_of([e.data for e in first.events + rest.events + tail.events])
     assert final["content"] == text
+
+
+@pytest.mark.parametrize("max_tokens", [3, 4, 5, 6])
+async def test_a_cut_mid_character_keeps_whole_characters_and_continue_completes_it(
+    daphne, account, max_tokens
+):
+    """Byte tokens split the characters; a max_tokens cut between them stores no U+FFFD of
+    ours, and Continue goes on from the last whole character without losing one."""
+    text = "こんにちは、世界！"
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        response = await client.post(
+            f"/api/conversations/{conversation}/messages/?wait=true",
+            json={
+                "content": "hi",
+                "params": {
+                    "max_tokens": max_tokens,
+                    "simulation": {"text": text, "ttft_ms": 0, "tokens_per_second": 1000},
+                },
+            },
+            headers=auth(account.token),
+        )
+        cut = response.json()["message"]
+        assert cut["status"] == "truncated"
+        assert "\ufffd" not in cut["content"]
+        assert text.startswith(cut["content"])
+        continued = await client.post(
+            f"/api/messages/{cut['id']}/continue/?wait=true", headers=auth(account.token)
+        )
+        assert continued.status_code == 200
+        whole = continued.json()
+        assert "\ufffd" not in whole["content"]
+        assert text.startswith(whole["content"]) or whole["content"].startswith(text)
+        assert len(whole["content"]) > len(cut["content"])

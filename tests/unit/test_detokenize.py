@@ -118,7 +118,8 @@ def test_truncated_sequence_becomes_replacement_when_known_invalid() -> None:
     assert detok.feed(b"A") == "\ufffdA"
 
 
-def test_truncated_sequence_at_end_of_generation() -> None:
+def test_a_character_cut_by_the_end_of_generation_is_not_output() -> None:
     detok = Detokenizer()
-    assert detok.feed("é".encode()[:1]) == ""
-    assert detok.flush() == "\ufffd"
+    assert detok.feed("こ".encode() + "ん".encode()[:2]) == "こ"
+    assert detok.flush() == "", "no U+FFFD of ours: the text ends with the last whole character"
+    assert detok.feed("é".encode()) == "é", "the decoder starts clean after a flush"
