@@ -16,6 +16,7 @@ Works with any OpenAI-compatible server, but the wire details it relies on are v
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
@@ -32,6 +33,8 @@ from .base import (
     ModelInfo,
     Usage,
 )
+
+log = logging.getLogger(__name__)
 
 # OpenAI SDK exception names, which vLLM's error ``type`` strings imitate. Used when a body
 # carries no type of its own (bare 401, proxy pages, non-JSON bodies).
@@ -217,12 +220,18 @@ class VLLMEngine:
 
     def _transport_error(self, exc: httpx.TransportError) -> EngineError:
         """Map a socket-level failure to the engine error the service acts on."""
+        # The address and the socket error are for operators (the log), not for the
+        # people whose answer failed (the message, the record, the stream's error event).
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
-            return EngineUnavailable(f"cannot connect to vLLM at {self.base_url}: {exc!r}")
+            log.warning("cannot connect to the engine at %s: %r", self.base_url, exc)
+            return EngineUnavailable("the model engine could not be reached")
         if isinstance(exc, httpx.TimeoutException):
-            return EngineTimeout(f"vLLM sent nothing for {self.read_timeout:g} s")
+            return EngineTimeout(f"the model engine sent nothing for {self.read_timeout:g} s")
+        log.warning("connection to the engine at %s lost: %r", self.base_url, exc)
         return EngineError(
-            f"connection to vLLM lost: {exc!r}", type="EngineDisconnected", code="disconnected"
+            "the connection to the model engine was lost",
+            type="EngineDisconnected",
+            code="disconnected",
         )
 
     async def aclose(self) -> None:

@@ -109,10 +109,16 @@ async def test_error_mid_stream_keeps_the_partial_text(daphne, account, emulator
 
 
 async def test_engine_unreachable(daphne, account):
-    server = daphne(ENGINE_URL=f"http://127.0.0.1:{closed_port()}", ENGINE_MODEL="m")
-    _, message = await run_one(server, account, "hi")
+    port = closed_port()
+    server = daphne(ENGINE_URL=f"http://127.0.0.1:{port}", ENGINE_MODEL="m")
+    events, message = await run_one(server, account, "hi")
     assert message["status"] == "error"
     assert message["termination"]["error_type"] == "EngineUnavailable"
+    # The people whose answer failed are told so plainly; the address is for the log.
+    shown = [message["termination"]["error_message"]]
+    shown += [e["error"]["message"] for e in events if e["type"] == "error"]
+    assert all(str(port) not in text and "127.0.0.1" not in text for text in shown), shown
+    assert f"127.0.0.1:{port}" in server.log_text()
 
 
 async def test_stalled(daphne, account):
