@@ -327,13 +327,29 @@ async def continue_interrupted(message_id: str, **kwargs: Any) -> None:
         await continue_message(owner, message_id)
 
 
+def _segment_count(message_id: Any) -> int:
+    return Segment.objects.filter(message_id=message_id).count()
+
+
 async def cancel_message(user: Any, message_id: Any, *, wait: float = 5.0) -> Message:
-    """Stop a streaming message wherever it is generated; answer with its final state."""
+    """Stop a streaming message wherever it is generated; answer with its final state.
+
+    ``Conflict`` when a Continue started a new segment of it meanwhile: that segment was
+    not what the caller saw streaming, so it is not stopped behind their back."""
     message = await database.run(message_for, user, message_id)
     if message.status != Status.STREAMING:
         return message
+    segments = await database.run(_segment_count, message.id)
     await stop_answers([str(message.id)], wait=wait)
-    return await database.run(message_for, user, message_id)
+    after = await database.run(message_for, user, message_id)
+    if after.status == Status.STREAMING and await database.run(_segment_count, message.id) > (
+        segments
+    ):
+        raise Conflict(
+            "a Continue started a new segment of this message meanwhile; it is streaming: "
+            "stop again to end it"
+        )
+    return after
 
 
 async def wait_until_ended(message_id: str, limit: float | None = None) -> None:
