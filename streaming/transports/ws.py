@@ -259,6 +259,19 @@ class ChatConsumer(AsyncWebsocketConsumer):
             except SlowConsumer as exc:
                 log.info("closing a slow WebSocket client: %s", exc)
                 await self.close(code=CLOSE_SLOW_CONSUMER)
+            except Exception:
+                # The reader could not follow (Redis unreachable, say): tell the client,
+                # with its cursor, instead of leaving it with heartbeats only.
+                log.exception("WebSocket stream failed")
+                await self._send_json(
+                    {
+                        "type": "error",
+                        "code": "stream_failed",
+                        "message": "this stream failed on the server; subscribe again with after",
+                        "message_id": message_id,
+                        "after": subscription.cursor,
+                    }
+                )
             finally:
                 if self.subscriptions.get(message_id) is asyncio.current_task():
                     del self.subscriptions[message_id]

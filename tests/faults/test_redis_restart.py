@@ -15,6 +15,7 @@ import pytest
 
 from tests.faults.readers import Reader, assert_exact
 from tests.support.clients import auth, create_conversation, post_message, wait_for_status
+from tests.support.wsclient import ChatSocket
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.redis]
 
@@ -102,3 +103,36 @@ async def test_redis_restart_then_a_crash_keeps_the_text_from_its_first_characte
         assert_exact(remote.events, persisted)
         first = next(e["text"] for e in remote.events if e["type"] == "delta")
         assert persisted["content"].startswith(first)
+
+
+async def test_a_websocket_subscription_while_redis_is_down_is_told_and_resumes(
+    daphne, account, private_redis
+):
+    """A reader that cannot follow gets an error naming its cursor, not heartbeats only;
+    subscribing again once Redis is back streams the answer to its end."""
+    server = daphne("ws", REDIS_URL=private_redis.url, STREAM_HEARTBEAT_INTERVAL="0.5")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "hi",
+            simulation={"length": 60, "tokens_per_second": 40, "ttft_ms": 0},
+        )  # fmt: skip
+        ws = await ChatSocket.connect(server.ws_url, account.token)
+        try:
+            private_redis.kill()
+            await ws.send({"type": "subscribe", "message_id": message["id"]})
+            async with asyncio.timeout(30):
+                frames = await ws.recv_until("error", message["id"])
+            failed = frames[-1]
+            assert (failed["code"], failed["after"]) == ("stream_failed", 0)
+            private_redis.start()
+            await ws.send({"type": "subscribe", "message_id": message["id"]})
+            async with asyncio.timeout(60):
+                events = await ws.events_until_done(message["id"])
+        finally:
+            await ws.close()
+        assert events[-1]["type"] == "done"
+        stored = await client.get(f"/api/messages/{message['id']}/", headers=auth(account.token))
+        assert (
+            "".join(e["text"] for e in events if e["type"] == "delta") == stored.json()["content"]
+        )

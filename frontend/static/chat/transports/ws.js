@@ -76,6 +76,10 @@ class ChatSocket {
     } else if (frame.type === "subscribed") {
       entry.sink.opened();
       entry.sink.subscribed(frame.status);
+    } else if (frame.type === "error" && frame.code === "stream_failed") {
+      // The server could not follow this message for now: resume it like a lost socket.
+      this.subscriptions.delete(id);
+      entry.sink.lost(frame.message);
     } else if (frame.type === "error") {
       this.forget(id);
       entry.sink.failed(frame.message || "the server refused the subscription");
