@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -47,14 +47,14 @@ class Exchange:
     generation: Generation
 
 
-def call(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+def call(fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run an async service from a request thread (a DRF view, the admin) and wait for it.
 
     This thread's database connection goes back to the pool first: the service's own
     database calls run in other threads and need connections too, so request threads
     holding theirs while they wait would exhaust the pool under concurrent requests."""
     connections.close_all()
-    return get_runtime().call(fn(*args, **kwargs))  # type: ignore[arg-type]
+    return get_runtime().call(fn(*args, **kwargs))
 
 
 def _turns(conversation: Conversation, messages: list[Message]) -> list[ChatTurn]:
