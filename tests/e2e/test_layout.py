@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import httpx
 import pytest
 from playwright.sync_api import expect
@@ -72,3 +74,25 @@ def test_phone_width(open_chat):
     chat.screenshot("phone-width-conversations")
     page.get_by_role("button", name="Close the conversation list").click()
     expect(sidebar).to_be_hidden()
+
+
+def test_a_draining_server_is_shown_as_restarting_not_unreachable(open_chat, daphne, account):
+    server = daphne(STREAM_SHUTDOWN_DEADLINE="8")
+    chat = open_chat(server)
+    page = chat.page
+    expect(page.get_by_role("button", name="Send")).to_be_enabled()
+    with httpx.Client(base_url=server.url, timeout=30) as api:
+        headers = {"Authorization": f"Token {account.token}"}
+        conversation = api.post("/api/conversations/", json={}, headers=headers).json()["id"]
+        running = api.post(
+            f"/api/conversations/{conversation}/messages/",
+            json={"content": "long", "params": {"simulation": {"length": 3000}}},
+            headers=headers,
+        )
+        assert running.status_code == 201
+        server.signal(signal.SIGTERM)  # it drains: the answer may finish, nothing new starts
+        ready = api.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["down"] == ["process"]
+    page.evaluate("window.dispatchEvent(new Event('online'))")  # the page checks at once
+    expect(page.locator("#composer-reason")).to_contain_text("the server is restarting")
+    expect(page.get_by_role("button", name="Send")).to_be_disabled()
