@@ -50,3 +50,23 @@ def test_openai_bounds_the_history_and_a_refusal_leaves_nothing(daphne, account)
         stored = api.get(f"/api/conversations/{conversation}/messages/").json()
         assert stored["count"] == 50  # 48 earlier turns, the question and the answer
         assert [m["role"] for m in stored["results"][:2]] == ["user", "assistant"]
+
+
+def test_a_chunked_body_is_read_like_any_other(daphne, account):
+    server = daphne(MAX_REQUEST_BYTES=4096)
+    headers = {"content-type": "application/json"}
+
+    def chunks(*parts: bytes):
+        yield from parts
+
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        url = f"/api/conversations/{conversation}/messages/"
+        body = chunks(b'{"content": "chunked', b' hello", "params": {"simulation": {"length": 3}}}')
+        created = api.post(url, content=body, headers=headers)
+        assert created.status_code == 201, created.text
+        assert created.json()["user_message"]["content"] == "chunked hello"
+        too_big = api.post(
+            url, content=chunks(b'{"content": "', b"x" * 5000, b'"}'), headers=headers
+        )
+        assert_error(too_big, 413, "too_large")
