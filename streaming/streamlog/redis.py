@@ -6,10 +6,12 @@ the process are group-committed: whatever is queued while one pipeline is in fli
 out in the next one, so a thousand streams cost a few round trips per tick, not a
 thousand. A batch also waits ``GROUP_COMMIT_WINDOW`` after its first append, so at a token
 rate where round trips are shorter than the gaps between tokens the appends of many
-generations still share one round trip. A batch is one call of a server-side script
-(``APPEND_SCRIPT``: the ``XADD`` and ``EXPIRE`` commands, each applied on its own as in a
-non-transactional pipeline), so the client encodes one command and parses one reply per
-batch instead of one per event (per-command client work is the costly part of a pipeline).
+generations still share one round trip; while batches carry one message's appends only
+(one fast generation), they go at once instead, so the window never caps a generation.
+A batch is one call of a server-side script (``APPEND_SCRIPT``: the ``XADD`` and
+``EXPIRE`` commands, each applied on its own as in a non-transactional pipeline), so the
+client encodes one command and parses one reply per batch instead of one per event
+(per-command client work is the costly part of a pipeline).
 
 Redis going away (a restart, a failover) is waited out: a batch whose connection failed
 is sent again with backoff for up to ``UNAVAILABLE_RETRY_SECONDS`` while later appends
@@ -118,6 +120,8 @@ class RedisStreamLog(StreamLog):
         )
         self._append = self._redis.register_script(APPEND_SCRIPT)
         self._queue: list[tuple[str, list[Event], asyncio.Future[None]]] = []
+        # Whether the last batch carried the appends of more than one message.
+        self._shared = True
         self._flusher: asyncio.Task[None] | None = None
 
     async def append(self, message_id: str, events: list[Event]) -> None:
@@ -129,8 +133,15 @@ class RedisStreamLog(StreamLog):
 
     async def _flush_loop(self) -> None:
         while self._queue:
-            await asyncio.sleep(self.group_commit_window)
+            # The window pays when appends of several messages share a batch; when the last
+            # batch held one message's only, waiting would just slow that one generation
+            # (to one event per window), so the next batch goes at once.
+            if self._shared:
+                await asyncio.sleep(self.group_commit_window)
+            else:
+                await asyncio.sleep(0)  # let the appends of this loop turn join the batch
             batch, self._queue = self._queue, []
+            self._shared = len({message_id for message_id, _, _ in batch}) > 1
             try:
                 results = await self._send_until_reachable(batch)
             except Exception as exc:  # unreachable for too long: every waiter learns it
