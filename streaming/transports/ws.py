@@ -104,30 +104,13 @@ class ChatConsumer(AsyncWebsocketConsumer):
                 raise FrameError("not_authenticated", "authenticate first (an auth frame)")
             await handler(self, frame)
         except FrameError as exc:
-            await self._send_json(
-                {
-                    "type": "error",
-                    "code": exc.code,
-                    "message": exc.message,
-                    **({"ref": ref} if ref is not None else {}),
-                }
-            )
+            await self._send_error(ref, code=exc.code, message=exc.message)
         except ServiceError as exc:
-            body: dict[str, Any] = {"type": "error", **describe(exc)}
-            if ref is not None:
-                body["ref"] = ref
-            await self._send_json(body)
+            await self._send_error(ref, **describe(exc))
         except Exception:
             # A bug must cost one frame its answer, never the socket and its streams.
             log.exception("WebSocket frame failed")
-            await self._send_json(
-                {
-                    "type": "error",
-                    "code": "server_error",
-                    "message": "internal server error",
-                    **({"ref": ref} if ref is not None else {}),
-                }
-            )
+            await self._send_error(ref, code="server_error", message="internal server error")
 
     def _parse(self, text_data: str | None, bytes_data: bytes | None) -> dict[str, Any]:
         if text_data is None:
@@ -166,7 +149,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await self._send_json({"type": "authenticated", "user": user.get_username()})
 
     async def on_ping(self, frame: dict[str, Any]) -> None:
-        ref = _ref_of(frame)
+        ref = frame.get("ref")  # checked by receive (``_ref_of``)
         await self._send_json({"type": "pong", **({"ref": ref} if ref is not None else {})})
 
     async def on_create(self, frame: dict[str, Any]) -> None:
@@ -263,14 +246,12 @@ class ChatConsumer(AsyncWebsocketConsumer):
                 # The reader could not follow (Redis unreachable, say): tell the client,
                 # with its cursor, instead of leaving it with heartbeats only.
                 log.exception("WebSocket stream failed")
-                await self._send_json(
-                    {
-                        "type": "error",
-                        "code": "stream_failed",
-                        "message": "this stream failed on the server; subscribe again with after",
-                        "message_id": message_id,
-                        "after": subscription.cursor,
-                    }
+                await self._send_error(
+                    None,
+                    code="stream_failed",
+                    message="this stream failed on the server; subscribe again with after",
+                    message_id=message_id,
+                    after=subscription.cursor,
                 )
             finally:
                 if self.subscriptions.get(message_id) is asyncio.current_task():
@@ -282,6 +263,12 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await asyncio.sleep(max(interval - (time.monotonic() - self.last_sent), 0.05))
             if time.monotonic() - self.last_sent >= interval:
                 await self._send_json({"type": "heartbeat"})
+
+    async def _send_error(self, ref: Any, **fields: Any) -> None:
+        """An ``error`` frame; it carries the client's ``ref`` when its frame had one."""
+        await self._send_json(
+            {"type": "error", **fields, **({"ref": ref} if ref is not None else {})}
+        )
 
     async def _send_json(self, payload: dict[str, Any]) -> None:
         self.last_sent = time.monotonic()
