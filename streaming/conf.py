@@ -152,10 +152,14 @@ def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 class StreamingSettings:
-    """Attribute access to ``settings.STREAMING`` over ``DEFAULTS``; unknown keys raise."""
+    """Attribute access to ``settings.STREAMING`` over ``DEFAULTS``; unknown keys raise.
+
+    A value is looked up once and then kept as a plain attribute (as DRF's ``api_settings``
+    does), so the per-token code that reads settings pays an attribute lookup, not a call.
+    """
 
     def __init__(self) -> None:
-        self._cache: dict[str, Any] = {}
+        self._cached: set[str] = set()
 
     def _user(self) -> dict[str, Any]:
         from django.conf import settings
@@ -167,13 +171,15 @@ class StreamingSettings:
             raise AttributeError(name)
         if name not in DEFAULTS:
             raise AttributeError(f"STREAMING has no setting {name!r}")
-        cache = self.__dict__["_cache"]
-        if name not in cache:
-            cache[name] = self._user().get(name, DEFAULTS[name])
-        return cache[name]
+        value = self._user().get(name, DEFAULTS[name])
+        setattr(self, name, value)  # __getattr__ is not called for it again
+        self._cached.add(name)
+        return value
 
     def reload(self) -> None:
-        self._cache.clear()
+        for name in self._cached:
+            delattr(self, name)
+        self._cached.clear()
 
     def check(self) -> None:
         """Raise ``ImproperlyConfigured`` for a key that is not a setting (a typo)."""
