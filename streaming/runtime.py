@@ -132,6 +132,7 @@ class Runtime:
         """Release the backends' connections (a command that used the runtime once)."""
         await self.log.close()
         await self.presence.close()
+        await self.control.stop()
 
 
 _runtime: Runtime | None = None

@@ -369,9 +369,8 @@ async def stop_answers(
     for message_id in message_ids:
         await runtime.cancel(message_id, reason)
     if limit > 0 and message_ids:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(limit):
-                await asyncio.gather(*(runtime.wait_until_ended(m, limit) for m in message_ids))
+        # Each wait returns by itself after ``limit``: no timeout of its own is needed here.
+        await asyncio.gather(*(runtime.wait_until_ended(m, limit) for m in message_ids))
 
 
 def delete_conversation(user: Any, conversation_id: Any) -> None:
