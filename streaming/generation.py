@@ -68,7 +68,6 @@ class Backends:
     hub: Hub
     presence: Presence
     engine: Engine
-    worker_id: str
 
 
 class Generation:
@@ -214,7 +213,7 @@ class Generation:
         engine = self.backends.engine
         detok = Detokenizer()
         stops = StopFilter(request.stop)
-        termination = Termination(status=Status.COMPLETE.value, worker=self.backends.worker_id)
+        termination = Termination(status=Status.COMPLETE.value)
         stream: AsyncGenerator[EngineChunk, None] | None = None
         try:
             # Inside the try: an engine that refuses the request up front still ends it.

@@ -103,7 +103,6 @@ def finalize_segment(
             error_type=t.error_type,
             error_message=t.error_message,
             error_code=t.error_code,
-            worker=t.worker,
             ended_at=now,
         )
         if not updated:

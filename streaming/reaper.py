@@ -131,7 +131,6 @@ class Reaper:
             completion_tokens=orphan.completion_tokens,
             error_type="Interrupted",
             error_message=why,
-            worker=orphan.worker,
         )
         termination.inspect_text(content)
         done_seq = last_seq + 1

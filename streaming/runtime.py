@@ -44,7 +44,7 @@ class Runtime:
         self.control = build_control()
         self.generations = Generations(self.control)
         self.presence = build_presence(self.worker_id, self.generations)
-        self.backends = Backends(self.log, self.hub, self.presence, self.engine, self.worker_id)
+        self.backends = Backends(self.log, self.hub, self.presence, self.engine)
         self.reaper = Reaper(self.log, self.hub, self.presence)
         self.lifecycle = Lifecycle(self.generations, self.presence, self.control, self.reaper)
         self.loop: asyncio.AbstractEventLoop | None = None

@@ -3,6 +3,10 @@
 One record shape is persisted on every Segment, copied onto its Message and sent in the
 `done` event, so a client, the admin and the metrics all tell the same story. User Stop
 (`cancelled`) and "every reader left" (`abandoned`) are different statuses on purpose.
+
+Which process generated a segment is not part of the record: it is an operator's fact
+(host and pid), kept on the `Segment` row for the reaper, the admin and the logs, and never
+sent to the user who asked.
 """
 
 from __future__ import annotations
@@ -46,7 +50,6 @@ class Termination:
     error_type: str | None = None
     error_message: str | None = None
     error_code: str | None = None
-    worker: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

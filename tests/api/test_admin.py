@@ -149,5 +149,8 @@ def test_stop_action_cancels_a_generation_running_in_another_process(daphne, acc
         stopped = api.get(f"/api/messages/{running['id']}/").json()
         assert stopped["status"] == "cancelled"
         assert stopped["termination"]["status"] == "cancelled"
-        assert stopped["segments"][0]["worker"] == running["segments"][0]["worker"]
+        assert "worker" not in stopped["termination"]
+        assert "worker" not in stopped["segments"][0]
+        stopped_segment = Segment.objects.get(message_id=running["id"], index=0)
+        assert f":{server.proc.pid}:" in stopped_segment.worker  # the staff-only record
         assert api.get(f"/api/messages/{done['id']}/").json()["status"] != "cancelled"

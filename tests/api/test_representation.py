@@ -68,5 +68,6 @@ def test_fast_and_generic_representations_agree() -> None:
         assert as_json(fast) == as_json(generic)
     described = as_json(MessageSerializer(answer, context=context).data)
     assert described["segments"][0]["ended_at"] == "2026-01-02T03:04:05.678901Z"
+    assert "worker" not in described["segments"][0], "host and pid are for staff (admin)"
     assert described["conversation"] == str(conversation.id)
     assert described["stream"]["sse"].endswith(f"/api/messages/{answer.id}/stream/")

@@ -51,7 +51,8 @@ async def test_complete(daphne, account):
     assert message["status"] == "complete"
     assert message["termination"]["finish_reason"] == "stop"
     assert message["termination"]["ttft_ms"] > 0
-    assert message["termination"]["worker"]
+    assert "worker" not in message["termination"], "host and pid are not the user's to see"
+    assert all("worker" not in s for s in message["segments"])
 
 
 async def test_truncated_by_max_tokens(daphne, account):

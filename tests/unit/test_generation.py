@@ -90,7 +90,7 @@ async def launch(
     segment_plan = plan_for(answer, **plan)  # type: ignore[arg-type]
     # The reader attaches first, so it gets every event from the generation's publishes.
     reader = asyncio.create_task(collect(hub, segment_plan.message_id, segment_plan.first_seq - 1))
-    generation = generations.launch(segment_plan, Backends(log, hub, presence, engine, WORKER))
+    generation = generations.launch(segment_plan, Backends(log, hub, presence, engine))
     return Run(generation, engine, log, hub, reader)
 
 
@@ -143,9 +143,10 @@ async def test_a_complete_answer(answer: Answer) -> None:
         None,
     )
     assert done["completion_tokens"] == 3
-    assert done["worker"] == WORKER
+    assert "worker" not in done, "the generating host and pid are for operators only"
     assert done["segment"] == 0
     [segment] = await load_segments(answer.message_id)
+    assert segment.worker == WORKER
     assert (segment.status, segment.start_offset, segment.end_offset) == (
         Status.COMPLETE,
         0,
@@ -476,7 +477,7 @@ async def test_an_engine_refusing_the_request_up_front_still_ends_it(answer: Ans
     generations = Generations(MemoryControl())
     presence = MemoryPresence(worker_id=WORKER, listener=generations)
     engine = RefusingEngine([])
-    generation = generations.launch(plan_for(answer), Backends(log, hub, presence, engine, WORKER))
+    generation = generations.launch(plan_for(answer), Backends(log, hub, presence, engine))
     assert generation.task is not None
     await asyncio.wait([generation.task], timeout=HANG)
     crashed = None if generation.task.cancelled() else generation.task.exception()

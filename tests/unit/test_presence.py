@@ -107,7 +107,7 @@ async def generating_here(
     log = MemoryStreamLog()
     gate = Gate()
     engine = ScriptedEngine([chunk("a"), gate])
-    backends = Backends(log, Hub(log), presence, engine, presence.worker_id)
+    backends = Backends(log, Hub(log), presence, engine)
     generation = generations.launch(plan_for(answer, grace=grace), backends)
     await asyncio.wait_for(gate.reached.wait(), HANG)
     return presence, generation, generations

@@ -73,7 +73,7 @@ def process(control: Control | None = None) -> Process:
     presence = MemoryPresence(worker_id=WORKER, listener=generations)
 
     def backends_for(engine: ScriptedEngine) -> Backends:
-        return Backends(log, hub, presence, engine, WORKER)
+        return Backends(log, hub, presence, engine)
 
     return Process(generations, presence, backends_for)
 

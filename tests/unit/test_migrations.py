@@ -1,0 +1,64 @@
+"""The data migrations: what was stored before one reads back as its contract says after it.
+
+Each test migrates the test database back to the state before a migration, writes rows
+with the historical models, migrates forward (and back), and reads them again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Target = list[tuple[str, str]]
+
+
+@pytest.fixture
+def migrate() -> Iterator[Callable[[Target], Any]]:
+    """Move the schema to a target; returns that state's app registry. Ends at the latest."""
+
+    def to(target: Target) -> Any:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(target)
+        return executor.loader.project_state(target).apps
+
+    yield to
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+def test_stored_records_lose_the_worker_and_get_it_back_on_reverse(migrate) -> None:
+    before = migrate([("streaming", "0001_initial")])
+    User = before.get_model("auth", "User")
+    Conversation = before.get_model("streaming", "Conversation")
+    Message = before.get_model("streaming", "Message")
+    Segment = before.get_model("streaming", "Segment")
+    user = User.objects.create(username="migrated")
+    conversation = Conversation.objects.create(owner=user, title="old")
+    record = {"status": "complete", "completion_tokens": 3, "worker": "host:12:34"}
+    answer = Message.objects.create(
+        conversation=conversation, role="assistant", content="abc", status="complete",
+        termination=record,
+    )  # fmt: skip
+    Segment.objects.create(message=answer, index=0, first_seq=1, worker="host:12:34")
+    question = Message.objects.create(conversation=conversation, role="user", content="q")
+
+    after = migrate([("streaming", "0002_termination_without_worker")])
+    stored = after.get_model("streaming", "Message").objects.get(id=answer.id)
+    assert stored.termination == {"status": "complete", "completion_tokens": 3}
+    assert after.get_model("streaming", "Segment").objects.get(message_id=answer.id).worker == (
+        "host:12:34"
+    )
+    assert after.get_model("streaming", "Message").objects.get(id=question.id).termination == {}
+
+    reverted = migrate([("streaming", "0001_initial")])
+    assert reverted.get_model("streaming", "Message").objects.get(id=answer.id).termination == (
+        record
+    )
+    assert reverted.get_model("streaming", "Message").objects.get(id=question.id).termination == {}
