@@ -54,6 +54,8 @@ def parse(argv: list[str] | None) -> tuple[Options, list[str], Path | None]:
             slow_clients=5,
             abort_streams=10,
             resume_streams=10,
+            replay_bytes=200_000,
+            replay_clients=20,
             ttft_rate=20,
             ttft_seconds=2,
         )

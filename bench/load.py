@@ -43,6 +43,8 @@ class StreamPlan:
     deadline: float = 0.0  # wall clock; give up (an error) after it
     hold_until: float = 0.0  # STOP_READING: wall clock when the idle socket is closed
     rcvbuf: int | None = None
+    # Set: read this existing message from its first event (a replay) instead of creating one.
+    message_id: str = ""
 
 
 @dataclass(slots=True)
@@ -134,16 +136,20 @@ async def _sse(plan: StreamPlan, result: StreamResult) -> None:
     http = await Http.open(plan.host, plan.port, plan.rcvbuf)
     tracker = Tracker(result)
     try:
-        async with _Creating():
-            result.sent_at = time.time()
-            answer = await http.json(
-                "POST",
-                f"/api/conversations/{plan.conversation}/messages/",
-                plan.token,
-                {"content": plan.content, "params": _params(plan)},
-            )
-        result.accepted_at = time.time()
-        result.message_id = answer["message"]["id"]
+        if plan.message_id:
+            result.sent_at = result.accepted_at = time.time()
+            result.message_id = plan.message_id
+        else:
+            async with _Creating():
+                result.sent_at = time.time()
+                answer = await http.json(
+                    "POST",
+                    f"/api/conversations/{plan.conversation}/messages/",
+                    plan.token,
+                    {"content": plan.content, "params": _params(plan)},
+                )
+            result.accepted_at = time.time()
+            result.message_id = answer["message"]["id"]
         path = f"/api/messages/{result.message_id}/stream/"
         if await _read_sse(http, plan, path, tracker, None):
             await _hold(plan)
@@ -204,14 +210,19 @@ async def _ws(plan: StreamPlan, result: StreamResult) -> None:
     tracker = Tracker(result)
     try:
         result.sent_at = time.time()
-        ws.send_json(
-            {
-                "type": "message.create",
-                "conversation": plan.conversation,
-                "content": plan.content,
-                "params": _params(plan),
-            }
-        )
+        if plan.message_id:
+            result.accepted_at = result.sent_at
+            result.message_id = plan.message_id
+            ws.send_json({"type": "subscribe", "message_id": plan.message_id, "after": 0})
+        else:
+            ws.send_json(
+                {
+                    "type": "message.create",
+                    "conversation": plan.conversation,
+                    "content": plan.content,
+                    "params": _params(plan),
+                }
+            )
         if await _read_ws(ws, plan, tracker, resumed=False):
             await _hold(plan)
             return

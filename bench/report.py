@@ -33,6 +33,14 @@ SHOWN = (
     "abort_latency_ms",
     "resume_sse_ms",
     "resume_ws_ms",
+    "answer_bytes",
+    "generate_seconds",
+    "stopped_readers",
+    "rss_per_stopped_reader_kib",
+    "rss_left_after_close_mib",
+    "full_readers",
+    "full_readers_exact",
+    "full_replay_seconds",
 )
 
 

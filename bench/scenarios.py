@@ -59,6 +59,8 @@ class Options:
     slow_clients: int = 50
     abort_streams: int = 100
     resume_streams: int = 200
+    replay_bytes: int = 1_000_000
+    replay_clients: int = 100
     ttft_rate: float = 100.0
     ttft_seconds: float = 10.0
     ttft_ms: float = 50.0
@@ -481,6 +483,85 @@ def resume(options: Options) -> dict[str, Any]:
     return {"ours": figures}
 
 
+def replay(options: Options) -> dict[str, Any]:
+    """A finished answer of ``replay_bytes`` replayed to readers that stop reading.
+
+    Replay pages through the log and is bound by the send buffer like live streaming, so a
+    reader that stops costs what a stopped live reader costs, whatever the answer's size, and
+    the memory comes back when they leave. The relay keeps nothing to replay: ours only.
+    """
+    n = options.replay_clients
+    # The simulated tokenizer averages ~2.5 bytes of this text per token.
+    tokens = max(1, int(options.replay_bytes / 2.4))
+    side = start_ours(options, "replay", n + 1, MAX_TOKENS_CAP=str(tokens))
+    figures: dict[str, Any] = {}
+    try:
+        token, conversation = side.accounts[0]
+        sim = {"text": TEXT, "length": tokens, "tokens_per_second": 1e6, "ttft_ms": 0.0}
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{side.port(0)}",
+            headers={"Authorization": f"Token {token}"},
+            timeout=30,
+        ) as api:
+            started = time.monotonic()
+            answer = api.post(
+                f"/api/conversations/{conversation}/messages/",
+                json={
+                    "content": "A long one.",
+                    "params": {"max_tokens": tokens, "simulation": sim},
+                },
+            )
+            answer.raise_for_status()
+            message_id = answer.json()["message"]["id"]
+
+            def finished() -> bool:
+                return api.get(f"/api/messages/{message_id}/").json()["status"] != "streaming"
+
+            servers.wait_for(finished, timeout=600, interval=0.5)
+            figures["generate_seconds"] = time.monotonic() - started
+            stored = api.get(f"/api/messages/{message_id}/").json()
+        figures["answer_bytes"] = len(stored["content"].encode())
+        figures["answer_status"] = stored["status"]
+        # Readers that read it all first: the whole text, replayed in bounded pages (and
+        # the servers' pools warmed, so the idle figure below is a settled one).
+        full = plans_for(side, 10, {}, 0.5, transports=half_and_half, budget=120)
+        for plan in full:
+            plan.token, plan.message_id = token, message_id
+        readers = run_in_processes(full, options.load_processes)
+        ok = [r for r in readers if r.error is None]
+        figures["full_readers"] = len(ok)
+        figures["full_readers_exact"] = sum(1 for r in ok if r.text == stored["content"])
+        figures["full_replay_seconds"] = summary([r.last_at - r.sent_at for r in ok if r.last_at])
+        idle = side.cluster.usage()
+        plans = plans_for(
+            side, n, {}, 1.0, transports=half_and_half, action=STOP_READING, act_after=1,
+            hold=10.0, rcvbuf=4096, budget=90,
+        )  # fmt: skip
+        for plan in plans:
+            plan.token, plan.message_id = token, message_id
+        sampled: dict[str, servers.Usage] = {}
+
+        def sample() -> None:
+            sampled["held"] = side.cluster.usage()
+
+        results = run_in_processes(
+            plans, options.load_processes, [(plans[0].hold_until - 1.0, sample)]
+        )
+        held = sum(1 for r in results if r.error is None)
+        figures["stopped_readers"] = held
+        figures["stopped_errors"] = n - held
+        figures["error_samples"] = sorted({r.error for r in results if r.error})[:5]
+        grown = sampled["held"].rss_bytes - idle.rss_bytes
+        figures["rss_per_stopped_reader_kib"] = grown / max(held, 1) / 1024
+        # Every reader has closed: what stays is what the replays did not give back.
+        time.sleep(2.0)  # the servers' close handling settles; nothing to await across processes
+        left = side.cluster.usage().rss_bytes - idle.rss_bytes
+        figures["rss_left_after_close_mib"] = left / 2**20
+    finally:
+        side.cluster.stop()
+    return {"ours": figures}
+
+
 SCENARIOS: dict[str, Callable[[Options], dict[str, Any]]] = {
     "steady": steady,
     "mixed": mixed,
@@ -488,6 +569,7 @@ SCENARIOS: dict[str, Callable[[Options], dict[str, Any]]] = {
     "abort": abort,
     "resume": resume,
     "ttft": ttft,
+    "replay": replay,
 }
 
 

@@ -43,21 +43,32 @@ def merge(events: list[Event]) -> list[Event]:
     """Collapse runs of consecutive deltas into one delta carrying the last seq.
 
     The merged delta keeps the *earliest* emit stamp so latency measurements stay honest.
+    Linear in the text: a run's texts are joined once (a replayed page is hundreds).
     """
     merged: list[Event] = []
-    for event in events:
-        if event["type"] == DELTA and merged and merged[-1]["type"] == DELTA:
-            last = merged[-1]
+    run: list[Event] = []
+
+    def close_run() -> None:
+        if len(run) == 1:
+            merged.append(run[0])
+        elif run:
             combined: Event = {
-                "seq": event["seq"],
+                "seq": run[-1]["seq"],
                 "type": DELTA,
-                "text": last["text"] + event["text"],
+                "text": "".join(e["text"] for e in run),
             }
-            if "t" in last:
-                combined["t"] = last["t"]
-            merged[-1] = combined
+            if "t" in run[0]:
+                combined["t"] = run[0]["t"]
+            merged.append(combined)
+        run.clear()
+
+    for event in events:
+        if event["type"] == DELTA:
+            run.append(event)
         else:
+            close_run()
             merged.append(event)
+    close_run()
     return merged
 
 

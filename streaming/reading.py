@@ -68,13 +68,19 @@ class SendBuffer(Protocol):
 
 @dataclass(slots=True)
 class MessageState:
-    """What the reader needs to know about the message before it subscribes."""
+    """What the reader needs to know about the message before it subscribes.
+
+    Not its content: a reader holds it for as long as it is connected, and an answer can
+    be megabytes. The stored text is read only where a reader needs it (a snapshot, a gap
+    in the log)."""
 
     id: str
     status: str
     last_seq: int
-    content: str
     termination: dict[str, Any]
+
+    # The columns ``of`` reads: what a lookup for a reader loads (``Message.only``).
+    FIELDS = ("id", "status", "last_seq", "termination")
 
     @classmethod
     def of(cls, message: Any) -> MessageState:
@@ -83,7 +89,6 @@ class MessageState:
             id=str(message.id),
             status=message.status,
             last_seq=message.last_seq,
-            content=message.content,
             termination=message.termination,
         )
 
@@ -97,8 +102,9 @@ def has_more(state: MessageState, after: int) -> bool:
     return not (state.final and after >= state.last_seq)
 
 
-def snapshot(state: MessageState, after: int) -> list[events.Event]:
-    """Events rebuilt from the database when the log of a finished message expired."""
+def snapshot(state: MessageState, after: int, content: str) -> list[events.Event]:
+    """Events rebuilt from the database (``content``: the stored text, read only for a
+    reader from the beginning) when the log of a finished message expired."""
     seq = state.last_seq
     if after > 0:
         return [
@@ -111,8 +117,8 @@ def snapshot(state: MessageState, after: int) -> list[events.Event]:
             events.done(seq, segment=-1, termination=state.termination),
         ]
     batch = [events.start(max(seq - 2, 0), message_id=state.id, segment=0, model="")]
-    if state.content:
-        batch.append(events.delta(seq - 1, state.content))
+    if content:
+        batch.append(events.delta(seq - 1, content))
     batch.append(events.done(seq, segment=-1, termination=state.termination))
     return batch
 
@@ -171,17 +177,23 @@ class Subscription:
                     continue
                 if batch[0]["seq"] > self.cursor + 1 and not _says_missing(batch[0]):
                     batch = await self._bridge(batch)
+                # Merged before waiting on the client: a reader that stops reading holds
+                # one frame, not the events it was made of.
+                merged = events.merge(batch)
+                del batch
                 await self._wait_for_client()
                 wait = last_write + min_interval - time.monotonic()
-                if wait > 0 and batch[-1]["type"] == events.DELTA:
+                if wait > 0 and merged[-1]["type"] == events.DELTA:
                     await asyncio.sleep(wait)
                     # More may have arrived meanwhile: it goes out in this same frame.
-                    batch = batch + self.hub.newer_than(message_id, batch[-1]["seq"])
+                    newer = self.hub.newer_than(message_id, merged[-1]["seq"])
+                    if newer:
+                        merged = events.merge(merged + newer)
+                delivered = _delta_events(merged, self.cursor)
                 if replaying:
-                    recorded.events_replayed.inc(len(batch))
+                    recorded.events_replayed.inc(merged[-1]["seq"] - self.cursor)
                     replaying = False
-                recorded.tokens_delivered.inc(sum(1 for e in batch if e["type"] == events.DELTA))
-                merged = events.merge(batch)
+                recorded.tokens_delivered.inc(delivered)
                 self.cursor = merged[-1]["seq"]
                 self._observe(merged)
                 last_write = time.monotonic()
@@ -204,9 +216,9 @@ class Subscription:
         whole content); otherwise the reader is told plainly that text is missing."""
         first = batch[0]["seq"]
         if self.cursor == 0:
-            if self.state.final:
-                return snapshot(self.state, 0)
             content, last_seq = await database.run(_persisted, self.state.id)
+            if self.state.final:
+                return snapshot(self.state, 0, content)
             if last_seq >= first - 1 and last_seq >= 2:
                 covered = [
                     events.start(1, message_id=self.state.id, segment=0, model=""),
@@ -232,7 +244,10 @@ class Subscription:
         logged = await log.read(message_id, self.cursor, limit=page)
         if not logged:
             if has_more(self.state, self.cursor):
-                yield snapshot(self.state, self.cursor)
+                content = ""
+                if self.cursor == 0:
+                    content, _ = await database.run(_persisted, message_id)
+                yield snapshot(self.state, self.cursor, content)
             return
         cursor = self.cursor
         # The record is committed before its `done` is appended, so a reader can find the
@@ -242,10 +257,14 @@ class Subscription:
         while True:
             if logged:
                 cursor = logged[-1]["seq"]
-                yield logged
-                if self._ends(logged[-1]):
+                ended, full = self._ends(logged[-1]), len(logged) == page
+                # Handed over from a one-slot holder, so this suspended generator keeps no
+                # reference to the page while the reader waits on its client.
+                holder, logged = [logged], []
+                yield holder.pop()
+                if ended:
                     return
-                if len(logged) == page:
+                if full:
                     logged = await log.read(message_id, cursor, limit=page)
                     continue
             now = time.monotonic()
@@ -294,6 +313,17 @@ class Subscription:
                 recorded.write_gap.observe(now - self.last_delta_at)
             self.last_delta_at = now
         recorded.frames_written.inc()
+
+
+def _delta_events(merged: list[events.Event], cursor: int) -> int:
+    """How many of the log's delta events a merged frame after ``cursor`` carries: seqs
+    are contiguous, so a merged delta stands for every seq since the event before it."""
+    count, previous = 0, cursor
+    for event in merged:
+        if event["type"] == events.DELTA:
+            count += event["seq"] - previous
+        previous = event["seq"]
+    return count
 
 
 # The error codes of events that already tell a reader its text is incomplete.

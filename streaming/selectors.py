@@ -59,9 +59,14 @@ def messages_of(user: Any, conversation_id: Any) -> QuerySet[Message]:
 
 
 def _state(user: Any, message_id: Any) -> MessageState:
-    message = message_for(user, message_id)
-    if message.role != Message.Role.ASSISTANT:
-        raise NotFound("this message has no stream")
+    try:
+        message = (
+            Message.objects.filter(conversation__owner=user, role=Message.Role.ASSISTANT)
+            .only(*MessageState.FIELDS)
+            .get(id=message_id)
+        )
+    except (Message.DoesNotExist, *_NOTHING):
+        raise NotFound("message not found") from None
     return MessageState.of(message)
 
 

@@ -158,7 +158,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
             (b"x-conversation-id", str(message.conversation_id).encode()),
             (b"x-message-id", message_id.encode()),
         ]
-        state = MessageState(message_id, Status.STREAMING.value, 0, "", {})
+        state = MessageState(message_id, Status.STREAMING.value, 0, {})
         subscription = selectors.subscription(state, 0, "openai", SendBuffer(self.base_send))
         completion_id = f"chatcmpl-{message_id}"
         created = int(time.time())

@@ -74,16 +74,25 @@ def test_a_json_cursor_of_another_kind_is_refused(raw: Any) -> None:
 def state(
     status: str = Status.STREAMING.value,
     last_seq: int = 0,
-    content: str = "",
     termination: dict[str, Any] | None = None,
 ) -> MessageState:
     return MessageState(
         id=str(uuid.uuid4()),
         status=status,
         last_seq=last_seq,
-        content=content,
         termination=termination if termination is not None else {},
     )
+
+
+async def stored(
+    status: str, last_seq: int, content: str, termination: dict[str, Any]
+) -> MessageState:
+    """A message row holding ``content`` (what a reader reads back when the log is gone),
+    and the state a reader of it starts from."""
+    answer = await create_answer("tests:reading:stored", content=content, last_seq=last_seq)
+    finished = state(status, last_seq=last_seq, termination=termination)
+    finished.id = answer.message_id
+    return finished
 
 
 def test_only_a_finished_message_read_to_its_end_has_nothing_more() -> None:
@@ -97,19 +106,19 @@ def test_only_a_finished_message_read_to_its_end_has_nothing_more() -> None:
 
 
 def test_a_snapshot_rebuilds_the_answer_from_the_record() -> None:
-    finished = state(Status.COMPLETE.value, last_seq=9, content="Hello", termination=ENDED)
-    assert snapshot(finished, 0) == [
+    finished = state(Status.COMPLETE.value, last_seq=9, termination=ENDED)
+    assert snapshot(finished, 0, "Hello") == [
         events.start(7, message_id=finished.id, segment=0, model=""),
         events.delta(8, "Hello"),
         events.done(9, segment=-1, termination=ENDED),
     ]
     empty = state(Status.ERROR.value, last_seq=3, termination={"status": "error"})
-    assert [e["type"] for e in snapshot(empty, 0)] == [events.START, events.DONE]
+    assert [e["type"] for e in snapshot(empty, 0, "")] == [events.START, events.DONE]
 
 
 def test_a_snapshot_for_a_resume_says_the_log_expired() -> None:
-    finished = state(Status.COMPLETE.value, last_seq=9, content="Hello", termination=ENDED)
-    error, done = snapshot(finished, 4)
+    finished = state(Status.COMPLETE.value, last_seq=9, termination=ENDED)
+    error, done = snapshot(finished, 4, "")
     assert (error["seq"], error["type"], error["error"]["code"]) == (
         8,
         events.ERROR,
@@ -195,13 +204,14 @@ async def test_a_frame_keeps_the_order_of_events_it_merges(parts: Parts) -> None
     ]
 
 
+@pytest.mark.django_db(transaction=True)
 async def test_a_finished_message_whose_log_is_gone_is_read_from_its_record(
     parts: Parts,
 ) -> None:
-    finished = state(Status.COMPLETE.value, last_seq=9, content="Hello", termination=ENDED)
+    finished = await stored(Status.COMPLETE.value, 9, "Hello", ENDED)
     subscription = parts.subscribe(finished, 0)
     frames = subscription.frames(None)
-    assert await anext(frames) == snapshot(finished, 0)
+    assert await anext(frames) == snapshot(finished, 0, "Hello")
     assert await parts.presence.count(finished.id) == 1, "counted while it reads"
     with pytest.raises(StopAsyncIteration):
         await anext(frames)
@@ -210,18 +220,36 @@ async def test_a_finished_message_whose_log_is_gone_is_read_from_its_record(
 
 
 async def test_a_resume_of_a_finished_message_without_its_log(parts: Parts) -> None:
-    finished = state(Status.COMPLETE.value, last_seq=9, content="Hello", termination=ENDED)
+    finished = state(Status.COMPLETE.value, last_seq=9, termination=ENDED)
     [frame] = await frames_of(parts.subscribe(finished, 5))
     assert [e["type"] for e in frame] == [events.ERROR, events.DONE]
-    assert await frames_of(parts.subscribe(finished, 8)) == [[snapshot(finished, 8)[-1]]]
+    assert await frames_of(parts.subscribe(finished, 8)) == [[snapshot(finished, 8, "")[-1]]]
     assert await frames_of(parts.subscribe(finished, 9)) == [], "it has read everything"
 
 
 async def test_a_finished_message_is_replayed_from_its_log(parts: Parts) -> None:
-    finished = state(Status.COMPLETE.value, last_seq=5, content="abc", termination=ENDED)
+    finished = state(Status.COMPLETE.value, last_seq=5, termination=ENDED)
     done = events.done(5, segment=0, termination=ENDED)
     await parts.log.append(finished.id, [*opening(finished.id), done])
     assert await frames_of(parts.subscribe(finished, 1)) == [[events.delta(4, "abc"), done]]
+
+
+def delivered() -> float:
+    value = REGISTRY.get_sample_value(
+        "chat_stream_delta_events_delivered_total", {"transport": TRANSPORT}
+    )
+    return value or 0.0
+
+
+async def test_a_merged_frame_counts_every_delta_event_it_carries(parts: Parts) -> None:
+    finished = state(Status.COMPLETE.value, last_seq=5, termination=ENDED)
+    done = events.done(5, segment=0, termination=ENDED)
+    await parts.log.append(finished.id, [*opening(finished.id), done])
+    before = delivered()
+    with override_settings(STREAMING={"LOG_READ_EVENTS": 2}):  # pages end mid-run
+        frames = await frames_of(parts.subscribe(finished, 0))
+    assert "".join(e["text"] for f in frames for e in f if e["type"] == events.DELTA) == "abc"
+    assert delivered() - before == 3, "three deltas in the log, however they were framed"
 
 
 async def test_a_reader_of_a_local_generation_gets_its_publishes(parts: Parts) -> None:
@@ -361,7 +389,7 @@ async def test_a_reader_from_the_start_gets_the_stored_text_for_what_the_log_los
 ) -> None:
     # The database holds the text up to seq 6; the log (after a Redis restart) from seq 5.
     answer = await create_answer("tests:reading:gap", content="Hello wor", last_seq=6)
-    message = state(last_seq=6, content="Hello wor")
+    message = state(last_seq=6)
     message.id = answer.message_id
     tail = [events.delta(5, "o wor"), events.delta(6, "ld"), events.delta(7, "!")]
     await parts.log.append(message.id, [*tail, events.done(8, segment=0, termination=ENDED)])
@@ -376,7 +404,7 @@ async def test_a_reader_from_the_start_gets_the_stored_text_for_what_the_log_los
 @pytest.mark.django_db(transaction=True)
 async def test_a_gap_the_stored_text_does_not_cover_is_said(parts: Parts) -> None:
     answer = await create_answer("tests:reading:hole", content="He", last_seq=2)
-    message = state(last_seq=2, content="He")
+    message = state(last_seq=2)
     message.id = answer.message_id
     await parts.log.append(
         message.id, [events.delta(6, "end"), events.done(7, segment=0, termination=ENDED)]
@@ -390,14 +418,17 @@ async def test_a_gap_the_stored_text_does_not_cover_is_said(parts: Parts) -> Non
     assert resumed[0]["error"]["code"] == "resume_gap" and "4-5" in resumed[0]["error"]["message"]
 
 
+@pytest.mark.django_db(transaction=True)
 async def test_a_finished_message_whose_log_lost_its_start_is_rebuilt_from_the_record(
     parts: Parts,
 ) -> None:
-    finished = state(Status.COMPLETE.value, last_seq=9, content="Hello", termination=ENDED)
+    finished = await stored(Status.COMPLETE.value, 9, "Hello", ENDED)
     await parts.log.append(
         finished.id, [events.delta(8, "lo"), events.done(9, segment=0, termination=ENDED)]
     )
-    assert await frames_of(parts.subscribe(finished, 0)) == [events.merge(snapshot(finished, 0))]
+    assert await frames_of(parts.subscribe(finished, 0)) == [
+        events.merge(snapshot(finished, 0, "Hello"))
+    ]
 
 
 async def test_a_long_finished_answer_is_replayed_page_by_page() -> None:
@@ -417,7 +448,7 @@ async def test_a_long_finished_answer_is_replayed_page_by_page() -> None:
             logged.append(events.done(seq, segment=segment, termination=ENDED))
         await parts.log.append(mid, logged)
         text = "".join(e["text"] for e in logged if e["type"] == events.DELTA)
-        finished = state(Status.COMPLETE.value, last_seq=seq, content=text, termination=ENDED)
+        finished = state(Status.COMPLETE.value, last_seq=seq, termination=ENDED)
         finished.id = mid
         frames = await frames_of(parts.subscribe(finished, 0))
     assert len(frames) >= len(logged) // 100
