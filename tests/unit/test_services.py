@@ -1,0 +1,59 @@
+"""The write services' rules that only an interleaving shows: a Stop against a Continue.
+
+``stop_answers`` is the seam where the interleaving is injected (the Stop is "on its
+way" while the test lands the other writer's change); everything else is real: the
+database rows, the lookups, the error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from streaming import database, services
+from streaming.errors import Conflict
+from streaming.models import Message
+from streaming.termination import Status
+from tests.unit.scripted import add_segment, create_answer, load_message
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def owner_of(user_id: int) -> User:
+    return await database.run(User.objects.get, pk=user_id)
+
+
+async def test_a_stop_that_a_continue_overtook_is_refused_not_reported_streaming(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    answer = await create_answer("tests:services:a", content="Hel", last_seq=3)
+
+    async def stop_while_a_continue_lands(message_ids: list[str], **kwargs: Any) -> None:
+        # Segment 0 ends as stopped, and a Continue starts segment 1 before the Stop's
+        # caller reads the message again.
+        await database.run(
+            lambda: Message.objects.filter(id=answer.message_id).update(status=Status.CANCELLED)
+        )
+        await add_segment(answer.message_id, 1, 5, "tests:services:b")
+
+    monkeypatch.setattr(services, "stop_answers", stop_while_a_continue_lands)
+    with pytest.raises(Conflict) as refused:
+        await services.cancel_message(await owner_of(answer.user_id), answer.message_id)
+    assert refused.value.status == 409
+    assert "new segment" in refused.value.message
+    assert (await load_message(answer.message_id)).status == Status.STREAMING, "left running"
+
+
+async def test_a_stop_answers_with_the_final_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    answer = await create_answer("tests:services:a", content="Hel", last_seq=3)
+
+    async def stop_and_end(message_ids: list[str], **kwargs: Any) -> None:
+        await database.run(
+            lambda: Message.objects.filter(id=answer.message_id).update(status=Status.CANCELLED)
+        )
+
+    monkeypatch.setattr(services, "stop_answers", stop_and_end)
+    stopped = await services.cancel_message(await owner_of(answer.user_id), answer.message_id)
+    assert stopped.status == Status.CANCELLED
