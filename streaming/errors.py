@@ -59,6 +59,13 @@ class InvalidParams(ServiceError):
     code = "invalid_params"
 
 
+class WrongRole(ServiceError):
+    """An action on a message of the other role (regenerate a question, edit an answer)."""
+
+    status = 400
+    code = "wrong_role"
+
+
 class InvalidCursor(ServiceError):
     status = 400
     code = "invalid_cursor"

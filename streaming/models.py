@@ -1,5 +1,8 @@
 """Conversations, messages and the segments (generation runs) of assistant messages.
 
+A conversation is a tree of messages: each message has a parent (``None`` for a first
+message), siblings share a parent (a regenerated answer, an edited question), and the
+conversation records the leaf of the branch it shows and continues (``current_leaf``).
 A Message's content is always the concatenation of its segments' texts; each segment
 records where its text starts and ends in the message (provenance of Continue).
 """
@@ -22,6 +25,10 @@ class Conversation(models.Model):
     title = models.CharField(max_length=200, blank=True, default="")
     model = models.CharField(max_length=200, blank=True, default="")
     system_prompt = models.TextField(blank=True, default="")
+    # The last message of the branch shown and continued; a new message goes after it.
+    current_leaf = models.ForeignKey(
+        "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True, db_index=True)
 
@@ -42,6 +49,11 @@ class Message(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="messages"
+    )
+    # The message this one follows; None for a conversation's first message (and for an
+    # edit of it: roots are siblings too).
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
     )
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.TextField(blank=True, default="")

@@ -14,6 +14,7 @@ from django.db.models import QuerySet
 
 from streaming import database
 from streaming.auth import resolve_user
+from streaming.branches import Tree, tree_of
 from streaming.engines.base import EngineError, ModelInfo
 from streaming.errors import NotFound
 from streaming.models import Conversation, Message
@@ -53,9 +54,25 @@ def conversations_of(user: Any) -> QuerySet[Conversation]:
     return Conversation.objects.filter(owner=user).order_by("-updated_at")
 
 
-def messages_of(user: Any, conversation_id: Any) -> QuerySet[Message]:
+def branch_ids(
+    user: Any, conversation_id: Any, *, whole_tree: bool = False
+) -> tuple[Tree, list[str]]:
+    """A conversation's tree and the ids to list: the branch shown, first message to the
+    current leaf, or (``whole_tree``) every message oldest first."""
     conversation = conversation_for(user, conversation_id)
-    return conversation.messages.prefetch_related("segments").order_by("created_at")
+    tree = tree_of(conversation.id)
+    if whole_tree:
+        return tree, list(tree.parents)
+    leaf = conversation.current_leaf_id or tree.last_leaf()
+    return tree, tree.path(leaf) if leaf is not None else []
+
+
+def messages_in_order(ids: list[str]) -> list[Message]:
+    """The messages ``ids`` names (from ``branch_ids``: already the caller's), in that
+    order, with their segments."""
+    rows = Message.objects.filter(id__in=ids).prefetch_related("segments")
+    by_id = {str(m.id): m for m in rows}
+    return [by_id[i] for i in ids]
 
 
 def _state(user: Any, message_id: Any) -> MessageState:

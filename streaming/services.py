@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
@@ -18,14 +18,17 @@ from django.db import connections, transaction
 from django.db.models import QuerySet
 
 from streaming import database
+from streaming.branches import path_messages, sibling_ids, tree_of
 from streaming.conf import streaming_settings
 from streaming.engines.base import ChatTurn, EngineRequest
 from streaming.errors import (
     Conflict,
     InvalidParams,
+    NotFound,
     ServiceError,
     ShuttingDown,
     TooManyGenerations,
+    WrongRole,
 )
 from streaming.generation import Generation, SegmentPlan
 from streaming.models import Conversation, Message, Segment
@@ -45,6 +48,9 @@ class Exchange:
     user_message: Message | None
     assistant_message: Message
     generation: Generation
+    # The siblings of the messages created (id -> ids sharing its parent, in creation
+    # order), known inside the creating transaction, so describing them needs no query.
+    siblings: dict[str, list[str]] = field(default_factory=dict)
 
 
 def call(fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -111,6 +117,54 @@ def create_conversation(
     )
 
 
+def _start_answer(
+    user: Any,
+    conversation: Conversation,
+    question: Message,
+    params: dict[str, Any],
+    model: str,
+    grace: float | None,
+) -> tuple[Message, SegmentPlan]:
+    """The streaming answer to ``question`` (its child), made the conversation's current
+    leaf; its prompt is the path down to ``question``. Inside the caller's transaction."""
+    assistant = Message.objects.create(
+        conversation=conversation,
+        parent=question,
+        role=Message.Role.ASSISTANT,
+        status=Status.STREAMING,
+        params=params,
+        model=conversation.model or model,
+    )
+    segment = Segment.objects.create(message=assistant, index=0, first_seq=1, worker=WORKER_ID)
+    # The answer describes the message as created: no second read for it.
+    assistant._prefetched_objects_cache = {"segments": [segment]}  # type: ignore[attr-defined]
+    conversation.current_leaf = assistant
+    conversation.save(update_fields=["title", "current_leaf", "updated_at"])
+    history = path_messages(conversation.id, question.id)
+    plan = SegmentPlan(
+        message_id=str(assistant.id),
+        conversation_id=str(conversation.id),
+        user_id=user.pk,
+        segment_index=0,
+        first_seq=1,
+        base_text="",
+        request=_engine_request(
+            assistant, 0, _turns(conversation, history), params, continue_final=False
+        ),
+    )
+    if grace is not None:
+        plan.abandon_grace = grace
+    return assistant, plan
+
+
+def _ask(conversation: Conversation, parent_id: Any, content: str) -> Message:
+    question = Message.objects.create(
+        conversation=conversation, parent_id=parent_id, role=Message.Role.USER, content=content
+    )
+    question._prefetched_objects_cache = {"segments": []}  # type: ignore[attr-defined]
+    return question
+
+
 def _create_exchange(
     user: Any,
     conversation_id: Any,
@@ -119,7 +173,7 @@ def _create_exchange(
     model: str,
     prior: list[ChatTurn],
     grace: float | None,
-) -> tuple[Message, Message, SegmentPlan]:
+) -> tuple[Message, Message, SegmentPlan, dict[str, list[str]]]:
     with transaction.atomic():
         if conversation_id is None:
             # A new conversation, made with its messages or not at all; the owner's row is
@@ -129,40 +183,21 @@ def _create_exchange(
         else:
             conversation = conversation_for(user, conversation_id, lock=True)
         _check_capacity(user)
+        # After the branch shown; the conversation's lock orders concurrent posts.
+        parent_id = conversation.current_leaf_id
         for turn in prior:
-            Message.objects.create(conversation=conversation, role=turn.role, content=turn.content)
-        user_message = Message.objects.create(
-            conversation=conversation, role=Message.Role.USER, content=content
-        )
-        assistant = Message.objects.create(
-            conversation=conversation,
-            role=Message.Role.ASSISTANT,
-            status=Status.STREAMING,
-            params=params,
-            model=conversation.model or model,
-        )
-        segment = Segment.objects.create(message=assistant, index=0, first_seq=1, worker=WORKER_ID)
-        # The answer describes both messages as created: no second read for them.
-        user_message._prefetched_objects_cache = {"segments": []}  # type: ignore[attr-defined]
-        assistant._prefetched_objects_cache = {"segments": [segment]}  # type: ignore[attr-defined]
+            parent_id = Message.objects.create(
+                conversation=conversation, parent_id=parent_id, role=turn.role, content=turn.content
+            ).id
+        user_message = _ask(conversation, parent_id, content)
         if not conversation.title:
             conversation.title = content.strip().splitlines()[0][:80] if content.strip() else ""
-        conversation.save(update_fields=["title", "updated_at"])
-        history = list(conversation.messages.exclude(id=assistant.id).order_by("created_at"))
-        plan = SegmentPlan(
-            message_id=str(assistant.id),
-            conversation_id=str(conversation.id),
-            user_id=user.pk,
-            segment_index=0,
-            first_seq=1,
-            base_text="",
-            request=_engine_request(
-                assistant, 0, _turns(conversation, history), params, continue_final=False
-            ),
-        )
-        if grace is not None:
-            plan.abandon_grace = grace
-    return user_message, assistant, plan
+        assistant, plan = _start_answer(user, conversation, user_message, params, model, grace)
+        siblings = {
+            str(user_message.id): sibling_ids(conversation.id, parent_id),
+            str(assistant.id): [str(assistant.id)],
+        }
+    return user_message, assistant, plan, siblings
 
 
 def _validate_content(content: Any) -> str:
@@ -218,7 +253,7 @@ def create_exchange(
             f"at most {settings.MAX_PRIOR_MESSAGES} earlier messages per request",
             field="messages",
         )
-    user_message, assistant, plan = _create_exchange(
+    user_message, assistant, plan, siblings = _create_exchange(
         user,
         conversation_id,
         content,
@@ -227,7 +262,7 @@ def create_exchange(
         prior or [],
         abandon_grace,
     )
-    return Exchange(user_message, assistant, runtime.launch_threadsafe(plan))
+    return Exchange(user_message, assistant, runtime.launch_threadsafe(plan), siblings)
 
 
 async def post_message(
@@ -277,9 +312,7 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
         message.status = Status.STREAMING
         message.save(update_fields=["status", "updated_at"])
         conversation = message.conversation
-        history = list(
-            conversation.messages.filter(created_at__lte=message.created_at).order_by("created_at")
-        )
+        history = path_messages(conversation.id, message.id)
         plan = SegmentPlan(
             message_id=str(message.id),
             conversation_id=str(conversation.id),
@@ -309,6 +342,105 @@ def create_continuation(user: Any, message_id: Any) -> Exchange:
 async def continue_message(user: Any, message_id: Any) -> Exchange:
     """``create_continuation`` for async callers."""
     return await database.run(create_continuation, user, message_id)
+
+
+def _refuse_streaming_branch(message: Message, what: str) -> None:
+    """409 while ``message`` or anything below it streams: its replacement would race it."""
+    below = tree_of(message.conversation_id).subtree(message.id)
+    if Message.objects.filter(id__in=below, status=Status.STREAMING).exists():
+        raise Conflict(
+            f'this branch is still streaming; stop it first (or send "stop": true) to {what}'
+        )
+
+
+def _create_regeneration(
+    user: Any, message_id: Any, raw_params: Any
+) -> tuple[Message, SegmentPlan, dict[str, list[str]]]:
+    with transaction.atomic():
+        old = message_for(user, message_id, lock=True)
+        if old.role != Message.Role.ASSISTANT:
+            raise WrongRole("only an answer (an assistant message) can be regenerated")
+        if old.parent_id is None:
+            raise Conflict("this answer follows no message, so there is nothing to answer again")
+        _refuse_streaming_branch(old, "regenerate it")
+        params = old.params if raw_params is None else clean_params(raw_params)
+        _check_capacity(user)
+        conversation = old.conversation
+        question = Message.objects.get(id=old.parent_id)
+        assistant, plan = _start_answer(
+            user, conversation, question, params, get_runtime().engine.model, None
+        )
+        siblings = {str(assistant.id): sibling_ids(conversation.id, question.id)}
+    return assistant, plan, siblings
+
+
+def regenerate(user: Any, message_id: Any, raw_params: Any = None) -> Exchange:
+    """A new answer beside an answer (a sibling: same question), streaming, made the
+    conversation's current branch. ``raw_params``: its parameters (default: the old
+    answer's). ``Conflict`` while the old answer streams (see ``stop_branch``)."""
+    _accepting()
+    assistant, plan, siblings = _create_regeneration(user, message_id, raw_params)
+    return Exchange(None, assistant, get_runtime().launch_threadsafe(plan), siblings)
+
+
+def _create_edit(
+    user: Any, message_id: Any, content: str, params: dict[str, Any]
+) -> tuple[Message, Message, SegmentPlan, dict[str, list[str]]]:
+    with transaction.atomic():
+        old = message_for(user, message_id, lock=True)
+        if old.role != Message.Role.USER:
+            raise WrongRole("only a question (a user message) can be edited")
+        _refuse_streaming_branch(old, "edit it")
+        _check_capacity(user)
+        conversation = old.conversation
+        question = _ask(conversation, old.parent_id, content)
+        assistant, plan = _start_answer(
+            user, conversation, question, params, get_runtime().engine.model, None
+        )
+        siblings = {
+            str(question.id): sibling_ids(conversation.id, old.parent_id),
+            str(assistant.id): [str(assistant.id)],
+        }
+    return question, assistant, plan, siblings
+
+
+def edit(user: Any, message_id: Any, content: Any, raw_params: Any = None) -> Exchange:
+    """A new question beside a question (a sibling) and its streaming answer, made the
+    conversation's current branch; the old question and everything below it stay."""
+    _accepting()
+    content = _validate_content(content)
+    params = clean_params(raw_params)
+    question, assistant, plan, siblings = _create_edit(user, message_id, content, params)
+    return Exchange(question, assistant, get_runtime().launch_threadsafe(plan), siblings)
+
+
+def _streaming_below(user: Any, message_id: Any) -> list[str]:
+    message = message_for(user, message_id)
+    below = tree_of(message.conversation_id).subtree(message.id)
+    streaming = Message.objects.filter(id__in=below, status=Status.STREAMING)
+    return [str(i) for i in streaming.values_list("id", flat=True)]
+
+
+async def stop_branch(user: Any, message_id: Any) -> None:
+    """Stop every answer streaming at or below one of the user's messages, and wait for
+    their ends: what a regenerate or an edit that says ``stop`` does first."""
+    running = await database.run(_streaming_below, user, message_id)
+    if running:
+        await stop_answers(running)
+
+
+def switch_branch(user: Any, conversation_id: Any, message_id: Any) -> Conversation:
+    """Show and continue the branch through ``message_id`` (down its latest answers to a
+    leaf). ``NotFound`` for a message that is not in this conversation of the user's."""
+    with transaction.atomic():
+        conversation = conversation_for(user, conversation_id, lock=True)
+        tree = tree_of(conversation.id)
+        if message_id is None or message_id not in tree:
+            raise NotFound("message not found in this conversation", field="current_leaf")
+        conversation.current_leaf_id = tree.leaf_below(message_id)
+        # Looking at another branch is not activity: the conversation keeps its place.
+        conversation.save(update_fields=["current_leaf"])
+    return conversation
 
 
 async def continue_interrupted(message_id: str, **kwargs: Any) -> None:

@@ -19,4 +19,10 @@ urlpatterns = [
     path("messages/<uuid:message_id>/", views.MessageDetail.as_view(), name="message"),
     path("messages/<uuid:message_id>/cancel/", views.MessageCancel.as_view(), name="cancel"),
     path("messages/<uuid:message_id>/continue/", views.MessageContinue.as_view(), name="continue"),
+    path(
+        "messages/<uuid:message_id>/regenerate/",
+        views.MessageRegenerate.as_view(),
+        name="regenerate",
+    ),
+    path("messages/<uuid:message_id>/edit/", views.MessageEdit.as_view(), name="edit"),
 ]

@@ -23,13 +23,24 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from streaming import params
+from streaming.branches import Tree, sibling_ids
 from streaming.models import Conversation, Message, Segment
 
 
 class ConversationSerializer(serializers.ModelSerializer):
+    current_leaf = serializers.UUIDField(
+        source="current_leaf_id",
+        required=False,
+        help_text="the last message of the branch shown and continued; PATCH it with any "
+        "message of the conversation to switch branch (it goes down that message's latest "
+        "answers to a leaf)",
+    )
+
     class Meta:
         model = Conversation
-        fields = ["id", "title", "model", "system_prompt", "created_at", "updated_at"]
+        fields = [
+            "id", "title", "model", "system_prompt", "current_leaf", "created_at", "updated_at",
+        ]  # fmt: skip
         read_only_fields = ["id", "model", "created_at", "updated_at"]
         extra_kwargs = {
             "title": {"required": False, "max_length": 200},
@@ -68,14 +79,23 @@ class StreamUrlsSerializer(serializers.Serializer):
 
 
 class MessageSerializer(serializers.ModelSerializer):
+    """``context``: ``request`` (absolute stream URLs), and ``tree`` (the conversation's
+    ``Tree``) or ``siblings`` (id -> sibling ids) when the caller knows them; otherwise a
+    message's siblings cost one query."""
+
+    parent_id = serializers.UUIDField(
+        read_only=True, allow_null=True, help_text="the message this one follows"
+    )
+    siblings = serializers.SerializerMethodField()
     segments = SegmentSerializer(many=True, read_only=True)
     stream = serializers.SerializerMethodField()
 
     class Meta:
         model = Message
         fields = [
-            "id", "conversation", "role", "content", "status", "termination", "params",
-            "model", "last_seq", "created_at", "updated_at", "segments", "stream",
+            "id", "conversation", "parent_id", "siblings", "role", "content", "status",
+            "termination", "params", "model", "last_seq", "created_at", "updated_at",
+            "segments", "stream",
         ]  # fmt: skip
         read_only_fields = fields
 
@@ -89,9 +109,27 @@ class MessageSerializer(serializers.ModelSerializer):
                 data[name] = [segment.to_representation(s) for s in message.segments.all()]
             elif name == "stream":
                 data[name] = self.get_stream(message)
+            elif name == "siblings":
+                data[name] = self.get_siblings(message)
             else:
                 data[name] = plain(getattr(message, name))
         return data
+
+    @extend_schema_field(
+        serializers.ListField(
+            child=serializers.UUIDField(),
+            help_text="the messages sharing this one's parent, in creation order, itself "
+            "included (the versions of a regenerated answer or an edited question)",
+        )
+    )
+    def get_siblings(self, message: Message) -> list[str]:
+        tree: Tree | None = self.context.get("tree")
+        if tree is not None and message.id in tree:
+            return tree.siblings(message.id)
+        known = self.context.get("siblings", {}).get(str(message.id))
+        if known is not None:
+            return list(known)
+        return sibling_ids(message.conversation_id, message.parent_id)
 
     @extend_schema_field(StreamUrlsSerializer(allow_null=True))
     def get_stream(self, message: Message) -> dict[str, str] | None:
@@ -174,8 +212,27 @@ class PostMessageSerializer(serializers.Serializer):
     params = GenerationParamsField(required=False, allow_null=True)
 
 
+class RegenerateSerializer(serializers.Serializer):
+    params = GenerationParamsField(
+        required=False, allow_null=True, help_text="default: the old answer's parameters"
+    )
+    stop = serializers.BooleanField(
+        required=False, default=False, help_text="stop the old answer first if it streams"
+    )
+
+
+class EditSerializer(PostMessageSerializer):
+    stop = serializers.BooleanField(
+        required=False, default=False, help_text="stop the branch below first if it streams"
+    )
+
+
 class ExchangeSerializer(serializers.Serializer):
     user_message = MessageSerializer()
+    message = MessageSerializer()
+
+
+class RegenerationSerializer(serializers.Serializer):
     message = MessageSerializer()
 
 

@@ -32,10 +32,13 @@ from streaming.api.parsers import (
 )
 from streaming.api.serializers import (
     ConversationSerializer,
+    EditSerializer,
     ErrorSerializer,
     ExchangeSerializer,
     MessageSerializer,
     PostMessageSerializer,
+    RegenerateSerializer,
+    RegenerationSerializer,
 )
 from streaming.models import Conversation, Message
 
@@ -47,6 +50,14 @@ ERRORS = {
     413: OpenApiResponse(ErrorSerializer, description="request body too large"),
 }
 WAIT = OpenApiParameter("wait", bool, description="block until the answer ends")
+TREE = OpenApiParameter(
+    "tree", bool, description="every message of every branch (with `parent_id`), oldest first"
+)
+STARTED = {
+    **ERRORS,
+    409: OpenApiResponse(ErrorSerializer, description="that branch is still streaming"),
+    429: OpenApiResponse(ErrorSerializer, description="too many answers streaming"),
+}
 
 
 class JSONView(APIView):
@@ -107,6 +118,15 @@ class ConversationDetail(JSONView, generics.RetrieveUpdateDestroyAPIView):
     def get_queryset(self) -> QuerySet[Conversation]:
         return selectors.conversations_of(self.request.user)
 
+    def perform_update(self, serializer: BaseSerializer[Any]) -> None:
+        leaf = serializer.validated_data.pop("current_leaf_id", None)
+        if "current_leaf" in self.request.data:
+            serializer.instance = services.switch_branch(
+                self.request.user, self.kwargs["conversation_id"], leaf
+            )
+        if serializer.validated_data:
+            serializer.save()
+
     @extend_schema(responses={204: None, **ERRORS})
     def delete(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Stop the conversation's running answers, then delete it, its messages and logs."""
@@ -114,13 +134,35 @@ class ConversationDetail(JSONView, generics.RetrieveUpdateDestroyAPIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-def _wants_wait(request: Request) -> bool:
-    raw = request.query_params.get("wait", "").strip().lower()
+def _flag(request: Request, name: str) -> bool:
+    raw = request.query_params.get(name, "").strip().lower()
     if raw in ("", "0", "false", "no"):
         return False
     if raw in ("1", "true", "yes"):
         return True
-    raise serializers.ValidationError({"wait": "must be true or false"})
+    raise serializers.ValidationError({name: "must be true or false"})
+
+
+def _wants_wait(request: Request) -> bool:
+    return _flag(request, "wait")
+
+
+def _started(
+    request: Request, exchange: services.Exchange, wait: bool, *, with_question: bool
+) -> Response:
+    """201 with the new answer (and the question it answers when one was made)."""
+    context = {"request": request, "siblings": exchange.siblings}
+    answer = exchange.assistant_message
+    if wait:
+        services.call(services.wait_until_ended, str(answer.id))
+        answer = selectors.message_for(request.user, answer.id)
+    data = {"message": MessageSerializer(answer, context=context).data}
+    if with_question:
+        data = {
+            "user_message": MessageSerializer(exchange.user_message, context=context).data,
+            **data,
+        }
+    return Response(data, status=status.HTTP_201_CREATED)
 
 
 def _message_data(request: Request, message_id: Any) -> dict[str, Any]:
@@ -132,11 +174,19 @@ class ConversationMessages(JSONView, generics.ListAPIView):
     serializer_class = MessageSerializer
 
     def get_queryset(self) -> QuerySet[Message]:
-        return selectors.messages_of(self.request.user, self.kwargs["conversation_id"])
+        """Unused: a listing follows the conversation's tree (``get``), not a query."""
+        return Message.objects.none()
 
-    @extend_schema(responses={200: MessageSerializer(many=True), **ERRORS})
+    @extend_schema(responses={200: MessageSerializer(many=True), **ERRORS}, parameters=[TREE])
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
+        """The branch shown, first message to current leaf (``?tree=true``: every branch)."""
+        tree, ids = selectors.branch_ids(
+            request.user, kwargs["conversation_id"], whole_tree=_flag(request, "tree")
+        )
+        page: list[str] | None = self.paginate_queryset(ids)  # type: ignore[arg-type]
+        messages = selectors.messages_in_order(page if page is not None else ids)
+        data = MessageSerializer(messages, many=True, context={"request": request, "tree": tree})
+        return self.get_paginated_response(data.data)
 
     @extend_schema(
         request=PostMessageSerializer,
@@ -158,16 +208,7 @@ class ConversationMessages(JSONView, generics.ListAPIView):
             body.validated_data["content"],
             body.validated_data.get("params"),
         )
-        context = {"request": request}
-        answer = exchange.assistant_message
-        if wait:
-            services.call(services.wait_until_ended, str(answer.id))
-            answer = selectors.message_for(request.user, answer.id)
-        data = {
-            "user_message": MessageSerializer(exchange.user_message, context=context).data,
-            "message": MessageSerializer(answer, context=context).data,
-        }
-        return Response(data, status=status.HTTP_201_CREATED)
+        return _started(request, exchange, wait, with_question=True)
 
 
 class MessageDetail(JSONView):
@@ -209,3 +250,44 @@ class MessageContinue(JSONView):
         data = _message_data(request, message_id)
         data["after"] = exchange.generation.plan.first_seq - 1
         return Response(data, status=code)
+
+
+class MessageRegenerate(JSONView):
+    @extend_schema(
+        request=RegenerateSerializer,
+        responses={201: RegenerationSerializer, **STARTED},
+        parameters=[WAIT],
+    )
+    def post(self, request: Request, message_id: Any) -> Response:
+        """A new answer beside this one (same question), streaming; it becomes the branch
+        shown. 400 for a question; 409 while this answer streams, unless ``stop``."""
+        wait = _wants_wait(request)
+        body = RegenerateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        if body.validated_data["stop"]:
+            services.call(services.stop_branch, request.user, message_id)
+        exchange = services.regenerate(request.user, message_id, body.validated_data.get("params"))
+        return _started(request, exchange, wait, with_question=False)
+
+
+class MessageEdit(JSONView):
+    @extend_schema(
+        request=EditSerializer,
+        responses={201: ExchangeSerializer, **STARTED},
+        parameters=[WAIT],
+    )
+    def post(self, request: Request, message_id: Any) -> Response:
+        """A new question beside this one, and its streaming answer; they become the branch
+        shown. 400 for an answer; 409 while the branch below streams, unless ``stop``."""
+        wait = _wants_wait(request)
+        body = EditSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        if body.validated_data["stop"]:
+            services.call(services.stop_branch, request.user, message_id)
+        exchange = services.edit(
+            request.user,
+            message_id,
+            body.validated_data["content"],
+            body.validated_data.get("params"),
+        )
+        return _started(request, exchange, wait, with_question=True)

@@ -8,6 +8,7 @@ import sys
 
 from django.test import Client
 
+from tests.api.calls import client, new_conversation, post
 from tests.support.servers import ROOT
 
 OPERATIONS = {
@@ -17,6 +18,8 @@ OPERATIONS = {
     "/api/messages/{message_id}/": {"get"},
     "/api/messages/{message_id}/cancel/": {"post"},
     "/api/messages/{message_id}/continue/": {"post"},
+    "/api/messages/{message_id}/regenerate/": {"post"},
+    "/api/messages/{message_id}/edit/": {"post"},
 }
 
 
@@ -39,11 +42,23 @@ def test_schema_describes_every_endpoint_and_docs_are_served(db):
 
 
 def test_schemathesis_finds_no_server_error(daphne, account, tmp_path):
-    # Small answers keep ?wait=true calls short; the concurrency limit still applies.
-    server = daphne(DEFAULT_MAX_TOKENS=4, MAX_REQUEST_BYTES=65536)
+    # Small answers keep ?wait=true calls short, and a simulated stall ends within the
+    # request timeout; the concurrency limit still applies.
+    server = daphne(DEFAULT_MAX_TOKENS=4, MAX_REQUEST_BYTES=65536, STREAM_STALL_TIMEOUT="3")
+    # Edit takes a question: the fuzzer reaches it through a real one (the others find
+    # their ids through the links of the messages' answers).
+    with client(server, account.token) as api:
+        asked = post(api, new_conversation(api), "a question", wait=True)
+        assert asked.status_code == 201, asked.text
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(
+        '[[operations]]\ninclude-path = "/api/messages/{message_id}/edit/"\n'
+        f'parameters = {{ message_id = "{asked.json()["user_message"]["id"]}" }}\n'
+    )
     result = subprocess.run(
         [
-            sys.executable, "-m", "schemathesis.cli", "run", f"{server.url}/api/schema/",
+            sys.executable, "-m", "schemathesis.cli", "--config-file", str(config),
+            "run", f"{server.url}/api/schema/",
             "--url", server.url,
             "--header", f"Authorization: Token {account.token}",
             "--checks", "not_a_server_error",
@@ -64,5 +79,5 @@ def test_schemathesis_finds_no_server_error(daphne, account, tmp_path):
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:] + "\n" + server.log_text()[-4000:]
-    assert "Selected: 10/10" in output, output[-3000:]
+    assert "Selected: 12/12" in output, output[-3000:]
     assert "No issues found" in output, output[-3000:]

@@ -62,3 +62,39 @@ def test_stored_records_lose_the_worker_and_get_it_back_on_reverse(migrate) -> N
         record
     )
     assert reverted.get_model("streaming", "Message").objects.get(id=question.id).termination == {}
+
+
+def test_a_linear_conversation_reads_back_identically_as_one_branch(migrate) -> None:
+    from django.contrib.auth.models import User as CurrentUser
+
+    from streaming.models import Conversation as CurrentConversation
+    from streaming.selectors import branch_ids
+
+    before = migrate([("streaming", "0002_termination_without_worker")])
+    User = before.get_model("auth", "User")
+    Conversation = before.get_model("streaming", "Conversation")
+    Message = before.get_model("streaming", "Message")
+    user = User.objects.create(username="linear")
+    conversation = Conversation.objects.create(owner=user, title="before trees")
+    empty = Conversation.objects.create(owner=user, title="nothing yet")
+    stored = [
+        Message.objects.create(conversation=conversation, role=role, content=f"turn {i}")
+        for i, role in enumerate(["user", "assistant", "user", "assistant", "user"])
+    ]
+    updated_at = Conversation.objects.get(id=conversation.id).updated_at
+
+    migrate([("streaming", "0003_message_tree")])
+    owner = CurrentUser.objects.get(id=user.id)
+    tree, ids = branch_ids(owner, conversation.id)
+    assert ids == [str(m.id) for m in stored], "the same messages, in the same order"
+    assert [tree.parents[i] for i in ids] == [None, *ids[:-1]]
+    after = CurrentConversation.objects.get(id=conversation.id)
+    assert str(after.current_leaf_id) == ids[-1]
+    assert after.updated_at == updated_at, "the sidebar order is kept"
+    assert CurrentConversation.objects.get(id=empty.id).current_leaf_id is None
+
+    reverted = migrate([("streaming", "0002_termination_without_worker")])
+    contents = reverted.get_model("streaming", "Message").objects.filter(
+        conversation_id=conversation.id
+    )
+    assert sorted(contents.values_list("content", flat=True)) == [f"turn {i}" for i in range(5)]

@@ -1,0 +1,259 @@
+"""Conversations as trees over the REST API, against a real Daphne process and the vLLM
+emulator (which records what the engine received): regenerate, edit, branch switching,
+what each answer's prompt holds, and who may touch which message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api.calls import assert_error, client, new_conversation
+from tests.emulator.server import wait_for_request_end
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def ask(text: str, tokens: int = 4) -> str:
+    """A question the emulator answers with ``tokens`` tokens of its default text."""
+    return f'[[emu {{"tokens": {tokens}, "tokens_per_second": 0}}]] {text}'
+
+
+def created(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def post_and_wait(api: httpx.Client, conversation: str, content: str) -> dict[str, Any]:
+    return created(
+        api.post(
+            f"/api/conversations/{conversation}/messages/?wait=true", json={"content": content}
+        )
+    )
+
+
+def branch(api: httpx.Client, conversation: str, *, tree: bool = False) -> list[dict[str, Any]]:
+    url = f"/api/conversations/{conversation}/messages/" + ("?tree=true" if tree else "")
+    response = api.get(url)
+    assert response.status_code == 200, response.text
+    return response.json()["results"]
+
+
+def prompt_of(emulator: str, message_id: str, segment: int = 0) -> list[tuple[str, str]]:
+    record = wait_for_request_end(emulator, f"{message_id}.{segment}", 10)
+    return [(m["role"], m["content"]) for m in record["body"]["messages"]]
+
+
+@pytest.fixture
+def three_turns(daphne, account, emulator):
+    """A conversation of three questions and answers, and a client for its owner."""
+    server = daphne(ENGINE_URL=emulator, ENGINE_MODEL="test-model")
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        turns = [post_and_wait(api, conversation, ask(f"question {i}")) for i in (1, 2, 3)]
+        yield api, conversation, turns, server
+
+
+def test_a_linear_conversation_is_one_branch_of_only_children(three_turns) -> None:
+    api, conversation, turns, _ = three_turns
+    messages = branch(api, conversation)
+    ids = [m["id"] for m in messages]
+    assert ids == [x for t in turns for x in (t["user_message"]["id"], t["message"]["id"])]
+    assert [m["parent_id"] for m in messages] == [None, *ids[:-1]]
+    assert all(m["siblings"] == [m["id"]] for m in messages)
+    assert [m["id"] for m in branch(api, conversation, tree=True)] == ids
+    assert api.get(f"/api/conversations/{conversation}/").json()["current_leaf"] == ids[-1]
+
+
+def test_regenerate_adds_an_answer_beside_the_old_one_and_shows_it(three_turns, emulator) -> None:
+    api, conversation, turns, _ = three_turns
+    question, old = turns[1]["user_message"], turns[1]["message"]
+    answer = created(api.post(f"/api/messages/{old['id']}/regenerate/?wait=true", json={}))
+    new = answer["message"]
+    assert new["parent_id"] == question["id"]
+    assert new["siblings"] == [old["id"], new["id"]]
+    assert new["status"] == "complete" and new["stream"]["message_id"] == new["id"]
+
+    # The engine got the path to the question: nothing of the old answer or later turns.
+    first = turns[0]
+    assert prompt_of(emulator, new["id"]) == [
+        ("user", first["user_message"]["content"]),
+        ("assistant", first["message"]["content"]),
+        ("user", question["content"]),
+    ]
+    shown = branch(api, conversation)
+    assert [m["id"] for m in shown] == [
+        first["user_message"]["id"], first["message"]["id"], question["id"], new["id"],
+    ]  # fmt: skip
+    assert shown[-1]["siblings"] == [old["id"], new["id"]]
+    assert len(branch(api, conversation, tree=True)) == 7, "every branch is kept"
+
+    # A new question goes after the branch shown; its prompt has no text from the other.
+    after = post_and_wait(api, conversation, ask("question 4"))
+    assert after["user_message"]["parent_id"] == new["id"]
+    contents = [c for _, c in prompt_of(emulator, after["message"]["id"])]
+    assert turns[2]["user_message"]["content"] not in contents
+    assert contents[-2:] == [new["content"], after["user_message"]["content"]]
+
+
+def test_regenerate_takes_new_params_or_keeps_the_old_ones(three_turns, emulator) -> None:
+    api, _, turns, _ = three_turns
+    old = turns[0]["message"]
+    answer = created(
+        api.post(
+            f"/api/messages/{old['id']}/regenerate/?wait=true",
+            json={"params": {"max_tokens": 2, "temperature": 0.3}},
+        )
+    )["message"]
+    assert answer["params"] == {"max_tokens": 2, "temperature": 0.3}
+    assert answer["status"] == "truncated"
+    body = wait_for_request_end(emulator, f"{answer['id']}.0", 10)["body"]
+    assert (body["max_tokens"], body["temperature"]) == (2, 0.3)
+    again = created(api.post(f"/api/messages/{answer['id']}/regenerate/?wait=true"))["message"]
+    assert again["params"] == answer["params"], "no params: the regenerated answer's"
+    assert again["siblings"] == [old["id"], answer["id"], again["id"]]
+
+
+def test_edit_adds_a_question_beside_the_old_one_with_its_answer(three_turns, emulator) -> None:
+    api, conversation, turns, _ = three_turns
+    old = turns[1]["user_message"]
+    edited = created(
+        api.post(f"/api/messages/{old['id']}/edit/?wait=true", json={"content": ask("changed")})
+    )
+    question, answer = edited["user_message"], edited["message"]
+    assert question["parent_id"] == turns[0]["message"]["id"]
+    assert question["siblings"] == [old["id"], question["id"]]
+    assert answer["parent_id"] == question["id"] and answer["status"] == "complete"
+    assert prompt_of(emulator, answer["id"]) == [
+        ("user", turns[0]["user_message"]["content"]),
+        ("assistant", turns[0]["message"]["content"]),
+        ("user", ask("changed")),
+    ]
+    assert [m["id"] for m in branch(api, conversation)][-2:] == [question["id"], answer["id"]]
+
+    # The first question can be edited too: the roots are siblings.
+    root = created(
+        api.post(
+            f"/api/messages/{turns[0]['user_message']['id']}/edit/?wait=true",
+            json={"content": ask("a new start")},
+        )
+    )["user_message"]
+    assert root["parent_id"] is None
+    assert root["siblings"] == [turns[0]["user_message"]["id"], root["id"]]
+    assert branch(api, conversation)[0]["id"] == root["id"]
+
+
+def test_switching_branch_follows_the_latest_answers_and_survives_a_reload(three_turns) -> None:
+    api, conversation, turns, _ = three_turns
+    old = turns[1]["message"]
+    created(api.post(f"/api/messages/{old['id']}/regenerate/?wait=true"))
+    url = f"/api/conversations/{conversation}/"
+    switched = api.patch(url, json={"current_leaf": old["id"]})
+    assert switched.status_code == 200, switched.text
+    # The old answer had a third turn below it: the branch goes down to its end.
+    assert switched.json()["current_leaf"] == turns[2]["message"]["id"]
+    ids = [m["id"] for m in branch(api, conversation)]
+    assert ids == [x for t in turns for x in (t["user_message"]["id"], t["message"]["id"])]
+    assert api.get(url).json()["current_leaf"] == turns[2]["message"]["id"]
+
+
+def test_switching_to_a_message_of_another_conversation_is_not_found(
+    three_turns, account, other_account
+) -> None:
+    api, conversation, turns, server = three_turns
+    elsewhere = new_conversation(api)
+    theirs = post_and_wait(api, elsewhere, ask("elsewhere"))["message"]["id"]
+    for leaf in (theirs, "00000000-0000-0000-0000-000000000000", "not-a-uuid"):
+        refused = api.patch(f"/api/conversations/{conversation}/", json={"current_leaf": leaf})
+        assert refused.status_code in (400, 404), refused.text
+    assert_error(
+        api.patch(f"/api/conversations/{conversation}/", json={"current_leaf": theirs}),
+        404,
+        "not_found",
+        field="current_leaf",
+    )
+    with client(server, other_account.token) as mallory:
+        assert_error(
+            mallory.patch(
+                f"/api/conversations/{conversation}/",
+                json={"current_leaf": turns[0]["message"]["id"]},
+            ),
+            404,
+        )
+        for action, body in (("regenerate", {}), ("edit", {"content": "mine now"})):
+            for target in (turns[0]["message"]["id"], turns[0]["user_message"]["id"]):
+                assert_error(mallory.post(f"/api/messages/{target}/{action}/", json=body), 404)
+    assert len(branch(api, conversation, tree=True)) == 6, "nothing was added"
+
+
+def test_regenerate_a_question_or_edit_an_answer_is_a_clear_400(three_turns) -> None:
+    api, conversation, turns, _ = three_turns
+    question, answer = turns[0]["user_message"]["id"], turns[0]["message"]["id"]
+    error = assert_error(api.post(f"/api/messages/{question}/regenerate/"), 400, "wrong_role")
+    assert "answer" in error["message"]
+    error = assert_error(
+        api.post(f"/api/messages/{answer}/edit/", json={"content": "x"}), 400, "wrong_role"
+    )
+    assert "question" in error["message"]
+    assert_error(api.post(f"/api/messages/{question}/edit/", json={}), 400, field="content")
+    assert_error(
+        api.post(f"/api/messages/{question}/edit/", json={"content": "x", "params": {"top_p": 7}}),
+        400,
+        field="params.top_p",
+    )
+    assert len(branch(api, conversation, tree=True)) == 6, "nothing was added"
+
+
+def test_a_streaming_branch_is_refused_or_stopped_first(daphne, account) -> None:
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        long = {"simulation": {"length": 2000, "tokens_per_second": 20, "ttft_ms": 0}}
+        streaming = created(
+            api.post(
+                f"/api/conversations/{conversation}/messages/",
+                json={"content": "go on", "params": long},
+            )
+        )
+        answer, question = streaming["message"]["id"], streaming["user_message"]["id"]
+        error = assert_error(api.post(f"/api/messages/{answer}/regenerate/"), 409, "conflict")
+        assert "stop" in error["message"]
+        assert_error(api.post(f"/api/messages/{question}/edit/", json={"content": "x"}), 409)
+
+        again = created(
+            api.post(
+                f"/api/messages/{answer}/regenerate/?wait=true",
+                json={"stop": True, "params": {"simulation": {"length": 3, "ttft_ms": 0}}},
+            )
+        )["message"]
+        assert again["status"] == "complete"
+        assert api.get(f"/api/messages/{answer}/").json()["status"] == "cancelled"
+        assert again["siblings"] == [answer, again["id"]]
+
+
+def test_continue_works_on_an_answer_of_another_branch(three_turns, emulator) -> None:
+    api, conversation, turns, _ = three_turns
+    old = turns[1]["message"]
+    cut = created(
+        api.post(
+            f"/api/messages/{old['id']}/regenerate/?wait=true",
+            json={"params": {"max_tokens": 2}},
+        )
+    )["message"]
+    assert cut["status"] == "truncated"
+    api.patch(f"/api/conversations/{conversation}/", json={"current_leaf": old["id"]})
+    resumed = api.post(f"/api/messages/{cut['id']}/continue/?wait=true")
+    assert resumed.status_code == 200, resumed.text
+    assert len(resumed.json()["segments"]) == 2
+    # Its prompt is its own path, ending in its own partial text.
+    assert prompt_of(emulator, cut["id"], segment=1) == [
+        ("user", turns[0]["user_message"]["content"]),
+        ("assistant", turns[0]["message"]["content"]),
+        ("user", turns[1]["user_message"]["content"]),
+        ("assistant", cut["content"]),
+    ]
+    assert (
+        api.get(f"/api/conversations/{conversation}/").json()["current_leaf"]
+        == (turns[2]["message"]["id"])
+    ), "a Continue does not move the branch shown"
