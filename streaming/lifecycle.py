@@ -22,6 +22,7 @@ from typing import Any
 from streaming import database, metrics
 from streaming.conf import streaming_settings
 from streaming.control import Control
+from streaming.control.base import Handler
 from streaming.persistence import Partial, flush_partials
 from streaming.presence import Presence
 from streaming.reaper import Reaper
@@ -32,9 +33,16 @@ log = logging.getLogger(__name__)
 
 class Lifecycle:
     def __init__(
-        self, generations: Generations, presence: Presence, control: Control, reaper: Reaper
+        self,
+        generations: Generations,
+        presence: Presence,
+        control: Control,
+        reaper: Reaper,
+        on_control: Handler,
     ) -> None:
+        """``on_control``: what control's listener hands every message to."""
         self.generations = generations
+        self.on_control = on_control
         self.presence = presence
         self.control = control
         self.reaper = reaper
@@ -44,7 +52,7 @@ class Lifecycle:
         self._tasks: set[asyncio.Task[object]] = set()
 
     async def start(self) -> None:
-        await self.control.start(self.generations.on_control)
+        await self.control.start(self.on_control)
         # Redis down at start-up must not keep the loops from starting (nor fail the
         # request that starts them, such as /readyz): the heartbeat loop retries.
         try:

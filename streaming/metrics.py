@@ -128,6 +128,11 @@ STREAMS_ACTIVE = Gauge(
     ["transport"],
     multiprocess_mode="livesum",
 )
+FEED_LISTENERS = Gauge(
+    "chat_feed_listeners",
+    "WebSocket sockets subscribed to their user's event feed.",
+    multiprocess_mode="livesum",
+)
 ACTIVE_GENERATIONS = Gauge(
     "chat_generations_active", "Generations running.", multiprocess_mode="livesum"
 )

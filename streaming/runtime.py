@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 from streaming.conf import streaming_settings
 from streaming.control import build_control
 from streaming.engines import build_engines
+from streaming.feed import Feed
 from streaming.generation import Backends, Generation, SegmentPlan
 from streaming.hub import Hub
 from streaming.lifecycle import Lifecycle
@@ -32,6 +34,7 @@ from streaming.streamlog import build_streamlog
 from streaming.worker import WORKER_ID
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class Runtime:
@@ -43,13 +46,21 @@ class Runtime:
         self.engine = self.engines["default"]
         self.control = build_control()
         self.generations = Generations(self.control)
+        self.feed = Feed(self.control)
         self.presence = build_presence(self.worker_id, self.generations)
         self.backends = Backends(self.log, self.hub, self.presence, self.engine)
         self.reaper = Reaper(self.log, self.hub, self.presence)
-        self.lifecycle = Lifecycle(self.generations, self.presence, self.control, self.reaper)
+        self.lifecycle = Lifecycle(
+            self.generations, self.presence, self.control, self.reaper, self._on_control
+        )
         self.loop: asyncio.AbstractEventLoop | None = None
         self._started: asyncio.Future[None] | None = None
         self._binding = threading.Lock()
+        self._notifying: set[concurrent.futures.Future[None]] = set()
+
+    async def _on_control(self, message: dict[str, Any]) -> None:
+        if not self.feed.handles(message):
+            await self.generations.on_control(message)
 
     async def ensure_started(self) -> None:
         """Bind to the running loop and start the background work, once."""
@@ -110,6 +121,18 @@ class Runtime:
         """Run ``coro`` on this runtime's loop from a thread that is not the loop's, and
         wait for its result (a request thread stopping answers, say)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop()).result()
+
+    def notify(self, user_id: int, event: dict[str, Any]) -> None:
+        """Publish a feed event from any thread without waiting for it (a request thread,
+        after its transaction committed); a failure is logged, never the caller's."""
+        future = asyncio.run_coroutine_threadsafe(self.feed.publish(user_id, event), self._loop())
+        self._notifying.add(future)
+        future.add_done_callback(self._notified)
+
+    def _notified(self, future: concurrent.futures.Future[None]) -> None:
+        self._notifying.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("feed event not published: %s", future.exception())
 
     async def cancel(self, message_id: str, reason: str) -> None:
         await self.generations.cancel(message_id, reason)

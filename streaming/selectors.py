@@ -17,6 +17,7 @@ from streaming.auth import resolve_user
 from streaming.branches import Tree, tree_of
 from streaming.engines.base import EngineError, ModelInfo
 from streaming.errors import NotFound
+from streaming.feed import Listener
 from streaming.models import Conversation, Message
 from streaming.reading import MessageState, SendBuffer, Subscription
 from streaming.runtime import get_runtime
@@ -113,6 +114,15 @@ def subscription(
 ) -> Subscription:
     """A reader of ``state``'s message from ``after``, for a transport to frame."""
     return get_runtime().subscription(state, after, transport, send_buffer)
+
+
+def feed_of(user: Any) -> Listener:
+    """A listener of the user's event feed in this process (``forget_feed`` when done)."""
+    return get_runtime().feed.listen(user.pk)
+
+
+def forget_feed(user: Any, listener: Listener) -> None:
+    get_runtime().feed.forget(user.pk, listener)
 
 
 def accepts_simulation() -> bool:

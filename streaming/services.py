@@ -63,6 +63,28 @@ def call(fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwa
     return get_runtime().call(fn(*args, **kwargs))
 
 
+def _notify(user_id: int, event: str, **fields: Any) -> None:
+    """Tell the user's other tabs (the feed, ``streaming.feed``) once the transaction this
+    runs in has committed: an event for rows that were rolled back is never sent."""
+    payload = {"event": event, **fields}
+    transaction.on_commit(lambda: get_runtime().notify(user_id, payload))
+
+
+def _notify_created(user_id: int, question: Message | None, answer: Message) -> None:
+    _notify(
+        user_id,
+        "message.created",
+        conversation=str(answer.conversation_id),
+        user_message_id=None if question is None else str(question.id),
+        message_id=str(answer.id),
+        parent_id=_id_or_none(answer.parent_id if question is None else question.parent_id),
+    )
+
+
+def _id_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
 def _turns(conversation: Conversation, messages: list[Message]) -> list[ChatTurn]:
     turns = []
     if conversation.system_prompt:
@@ -112,9 +134,26 @@ def _check_capacity(user: Any) -> None:
 def create_conversation(
     user: Any, *, title: str = "", system_prompt: str = "", model: str = ""
 ) -> Conversation:
-    return Conversation.objects.create(
+    conversation = Conversation.objects.create(
         owner=user, title=title, system_prompt=system_prompt, model=model
     )
+    _notify(user.pk, "conversation.created", conversation=str(conversation.id), title=title)
+    return conversation
+
+
+def update_conversation(user: Any, conversation: Conversation, changes: dict[str, Any]) -> None:
+    """Save changed fields (``title``, ``system_prompt``) of one of the user's
+    conversations, as validated by the caller."""
+    for name, value in changes.items():
+        setattr(conversation, name, value)
+    conversation.save(update_fields=[*changes, "updated_at"])
+    if "title" in changes:
+        _notify(
+            user.pk,
+            "conversation.updated",
+            conversation=str(conversation.id),
+            title=conversation.title,
+        )
 
 
 def _start_answer(
@@ -180,6 +219,7 @@ def _create_exchange(
             # locked as conversation_for(lock=True) does, for the limit's count.
             type(user).objects.select_for_update().filter(pk=user.pk).first()
             conversation = Conversation.objects.create(owner=user)
+            _notify(user.pk, "conversation.created", conversation=str(conversation.id), title="")
         else:
             conversation = conversation_for(user, conversation_id, lock=True)
         _check_capacity(user)
@@ -192,7 +232,14 @@ def _create_exchange(
         user_message = _ask(conversation, parent_id, content)
         if not conversation.title:
             conversation.title = content.strip().splitlines()[0][:80] if content.strip() else ""
+            _notify(
+                user.pk,
+                "conversation.updated",
+                conversation=str(conversation.id),
+                title=conversation.title,
+            )
         assistant, plan = _start_answer(user, conversation, user_message, params, model, grace)
+        _notify_created(user.pk, user_message, assistant)
         siblings = {
             str(user_message.id): sibling_ids(conversation.id, parent_id),
             str(assistant.id): [str(assistant.id)],
@@ -312,6 +359,13 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
         message.status = Status.STREAMING
         message.save(update_fields=["status", "updated_at"])
         conversation = message.conversation
+        _notify(
+            conversation.owner_id,
+            "message.continued",
+            conversation=str(conversation.id),
+            message_id=str(message.id),
+            after=first_seq - 1,
+        )
         history = path_messages(conversation.id, message.id)
         plan = SegmentPlan(
             message_id=str(message.id),
@@ -370,6 +424,7 @@ def _create_regeneration(
         assistant, plan = _start_answer(
             user, conversation, question, params, get_runtime().engine.model, None
         )
+        _notify_created(user.pk, None, assistant)
         siblings = {str(assistant.id): sibling_ids(conversation.id, question.id)}
     return assistant, plan, siblings
 
@@ -397,6 +452,7 @@ def _create_edit(
         assistant, plan = _start_answer(
             user, conversation, question, params, get_runtime().engine.model, None
         )
+        _notify_created(user.pk, question, assistant)
         siblings = {
             str(question.id): sibling_ids(conversation.id, old.parent_id),
             str(assistant.id): [str(assistant.id)],
@@ -412,6 +468,24 @@ def edit(user: Any, message_id: Any, content: Any, raw_params: Any = None) -> Ex
     params = clean_params(raw_params)
     question, assistant, plan, siblings = _create_edit(user, message_id, content, params)
     return Exchange(question, assistant, get_runtime().launch_threadsafe(plan), siblings)
+
+
+async def regenerate_message(
+    user: Any, message_id: Any, raw_params: Any = None, *, stop: bool = False
+) -> Exchange:
+    """``regenerate`` for async callers; ``stop``: stop the old answer first."""
+    if stop:
+        await stop_branch(user, message_id)
+    return await database.run(regenerate, user, message_id, raw_params)
+
+
+async def edit_message(
+    user: Any, message_id: Any, content: Any, raw_params: Any = None, *, stop: bool = False
+) -> Exchange:
+    """``edit`` for async callers; ``stop``: stop the branch below the question first."""
+    if stop:
+        await stop_branch(user, message_id)
+    return await database.run(edit, user, message_id, content, raw_params)
 
 
 def _streaming_below(user: Any, message_id: Any) -> list[str]:
@@ -440,6 +514,12 @@ def switch_branch(user: Any, conversation_id: Any, message_id: Any) -> Conversat
         conversation.current_leaf_id = tree.leaf_below(message_id)
         # Looking at another branch is not activity: the conversation keeps its place.
         conversation.save(update_fields=["current_leaf"])
+        _notify(
+            user.pk,
+            "branch.switched",
+            conversation=str(conversation.id),
+            current_leaf=str(conversation.current_leaf_id),
+        )
     return conversation
 
 
@@ -515,7 +595,8 @@ def delete_conversations(conversations: QuerySet[Conversation]) -> None:
     """Stop the conversations' running answers, then delete them with their messages and
     logs, the logs last so that no late append recreates one. Synchronous, for request
     threads; the caller decided who may delete ``conversations``."""
-    ids = list(conversations.values_list("pk", flat=True))
+    owned = list(conversations.values_list("pk", "owner_id"))
+    ids = [pk for pk, _ in owned]
     messages = Message.objects.filter(conversation__in=ids)
     running = [
         str(i) for i in messages.filter(status=Status.STREAMING).values_list("id", flat=True)
@@ -525,6 +606,8 @@ def delete_conversations(conversations: QuerySet[Conversation]) -> None:
     message_ids = [str(i) for i in messages.values_list("id", flat=True)]
     with transaction.atomic():
         Conversation.objects.filter(pk__in=ids).delete()
+        for pk, owner_id in owned:
+            _notify(owner_id, "conversation.deleted", conversation=str(pk))
     if message_ids:
         call(_drop_logs, message_ids)
 

@@ -125,7 +125,9 @@ class ConversationDetail(JSONView, generics.RetrieveUpdateDestroyAPIView):
                 self.request.user, self.kwargs["conversation_id"], leaf
             )
         if serializer.validated_data:
-            serializer.save()
+            conversation = serializer.instance
+            assert isinstance(conversation, Conversation)
+            services.update_conversation(self.request.user, conversation, serializer.validated_data)
 
     @extend_schema(responses={204: None, **ERRORS})
     def delete(self, request: Request, *args: Any, **kwargs: Any) -> Response:

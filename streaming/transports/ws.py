@@ -1,10 +1,12 @@
 """WebSocket: ``/ws/chat/``, one socket per tab, many message subscriptions.
 
 Contract (docs/protocol.md has examples): client frames are JSON objects with a ``type``
-(``auth``, ``message.create``, ``subscribe``, ``unsubscribe``, ``cancel``, ``continue``,
-``ping``); server frames are the shared events with ``message_id`` added, one event per
-text frame, plus replies (``message.created``, ``subscribed``, ``pong``, ``heartbeat``) and
-``{"type": "error", ...}`` for a bad frame - which never closes the socket.
+(``auth``, ``message.create``, ``message.regenerate``, ``message.edit``, ``subscribe``,
+``unsubscribe``, ``cancel``, ``continue``, ``ping``); server frames are the shared events
+with ``message_id`` added, one event per text frame, plus replies (``message.created``,
+``subscribed``, ``pong``, ``heartbeat``), the user's feed (``{"type": "feed", "event":
+...}`` after ``subscribe`` to ``"topic": "user"``) and ``{"type": "error", ...}`` for a bad
+frame - which never closes the socket.
 
 The receive handler only parses and dispatches: generation runs in the generation
 service, and each subscription streams from its own task, so a slow handler can never
@@ -27,9 +29,17 @@ from streaming import database, events, selectors
 from streaming.auth import resolve_user, user_for_token
 from streaming.conf import streaming_settings
 from streaming.errors import ServiceError, describe
+from streaming.feed import Listener
 from streaming.logcontext import stream_context
 from streaming.reading import MessageState, SlowConsumer, Subscription, has_more, parse_cursor
-from streaming.services import cancel_message, continue_message, post_message
+from streaming.services import (
+    Exchange,
+    cancel_message,
+    continue_message,
+    edit_message,
+    post_message,
+    regenerate_message,
+)
 from streaming.storable import is_storable
 from streaming.transports.daphne import SendBuffer, frame_send
 
@@ -57,6 +67,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.user: Any = None
         self.resolving = asyncio.create_task(database.run(resolve_user, self.scope))
         self.subscriptions: dict[str, asyncio.Task[None]] = {}
+        self.feed: tuple[Listener, asyncio.Task[None]] | None = None
         self.last_sent = time.monotonic()
         self.send_buffer = SendBuffer(self.base_send)
         # Stream frames go straight to the server's send (see ``frame_send``).
@@ -77,6 +88,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def _end_tasks(self) -> None:
         tasks = [*getattr(self, "subscriptions", {}).values()]
+        if (feed := getattr(self, "feed", None)) is not None:
+            self.feed = None
+            selectors.forget_feed(self.user, feed[0])
+            tasks.append(feed[1])
         for name in ("resolving", "heartbeat"):
             if (task := getattr(self, name, None)) is not None:
                 tasks.append(task)
@@ -156,27 +171,79 @@ class ChatConsumer(AsyncWebsocketConsumer):
         exchange = await post_message(
             self.user, frame.get("conversation"), frame.get("content"), frame.get("params")
         )
-        message_id = str(exchange.assistant_message.id)
+        await self._started(frame, exchange)
+
+    async def on_regenerate(self, frame: dict[str, Any]) -> None:
+        exchange = await regenerate_message(
+            self.user, self._message_id(frame), frame.get("params"), stop=self._stop(frame)
+        )
+        await self._started(frame, exchange)
+
+    async def on_edit(self, frame: dict[str, Any]) -> None:
+        exchange = await edit_message(
+            self.user,
+            self._message_id(frame),
+            frame.get("content"),
+            frame.get("params"),
+            stop=self._stop(frame),
+        )
+        await self._started(frame, exchange)
+
+    @staticmethod
+    def _stop(frame: dict[str, Any]) -> bool:
+        stop = frame.get("stop", False)
+        if not isinstance(stop, bool):
+            raise FrameError("invalid_frame", "stop must be true or false")
+        return stop
+
+    async def _started(self, frame: dict[str, Any], exchange: Exchange) -> None:
+        """Answer a frame that started an answer with its ids, then stream it (unless
+        the frame says ``"subscribe": false``)."""
+        answer = exchange.assistant_message
+        message_id = str(answer.id)
+        question = exchange.user_message
         reply: dict[str, Any] = {
             "type": "message.created",
-            "conversation": str(exchange.assistant_message.conversation_id),
-            "user_message_id": str(exchange.user_message.id) if exchange.user_message else None,
+            "conversation": str(answer.conversation_id),
+            "user_message_id": str(question.id) if question else None,
             "message_id": message_id,
+            "parent_id": str(answer.parent_id) if answer.parent_id else None,
+            "siblings": exchange.siblings.get(message_id, [message_id]),
         }
         if "ref" in frame:
             reply["ref"] = frame["ref"]
         await self._send_json(reply)
         if frame.get("subscribe", True):
-            await self._subscribe(message_id, 0, MessageState.of(exchange.assistant_message))
+            await self._subscribe(message_id, 0, MessageState.of(answer))
 
     async def on_subscribe(self, frame: dict[str, Any]) -> None:
+        if self._topic(frame):
+            await self._follow_feed()
+            return
         after = parse_cursor(frame.get("after", 0), "after", text=False)
         await self._subscribe(self._message_id(frame), after)
 
     async def on_unsubscribe(self, frame: dict[str, Any]) -> None:
+        if self._topic(frame):
+            if self.feed is not None:
+                listener, following = self.feed
+                self.feed = None
+                selectors.forget_feed(self.user, listener)
+                following.cancel()
+            return
         task = self.subscriptions.pop(self._message_id(frame), None)
         if task is not None:
             task.cancel()
+
+    @staticmethod
+    def _topic(frame: dict[str, Any]) -> bool:
+        """True for the user's feed (``"topic": "user"``); False for a message's stream."""
+        topic = frame.get("topic")
+        if topic is None:
+            return False
+        if topic != "user":
+            raise FrameError("invalid_frame", 'topic must be "user" (or absent, with message_id)')
+        return True
 
     async def on_cancel(self, frame: dict[str, Any]) -> None:
         message = await cancel_message(self.user, self._message_id(frame))
@@ -197,6 +264,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         "auth": on_auth,
         "ping": on_ping,
         "message.create": on_create,
+        "message.regenerate": on_regenerate,
+        "message.edit": on_edit,
         "subscribe": on_subscribe,
         "unsubscribe": on_unsubscribe,
         "cancel": on_cancel,
@@ -256,6 +325,25 @@ class ChatConsumer(AsyncWebsocketConsumer):
             finally:
                 if self.subscriptions.get(message_id) is asyncio.current_task():
                     del self.subscriptions[message_id]
+
+    async def _follow_feed(self) -> None:
+        if self.feed is None:
+            listener = selectors.feed_of(self.user)
+            self.feed = (listener, asyncio.create_task(self._feed(listener)))
+        await self._send_json({"type": "subscribed", "topic": "user"})
+
+    async def _feed(self, listener: Listener) -> None:
+        while True:
+            event = await listener.get()
+            await self._send_json({"type": "feed", **event})
+            if listener.lagging and listener.queue.empty():
+                listener.lagging = False
+                await self._send_error(
+                    None,
+                    code="feed_lagging",
+                    message="feed events were dropped while this socket did not read; "
+                    "fetch the conversations again",
+                )
 
     async def _heartbeat(self) -> None:
         interval = streaming_settings.PING_INTERVAL
