@@ -68,6 +68,11 @@ DEFAULTS: dict[str, Any] = {
     # one socket may follow at once.
     "WS_MAX_FRAME_CHARS": 64 * 1024,
     "WS_MAX_SUBSCRIPTIONS": 64,
+    # Titles written by the engine after a conversation's first answer: "auto" (every
+    # engine but the simulated one), true or false; the request's size and time limits.
+    "TITLES": "auto",
+    "TITLE_MAX_TOKENS": 16,
+    "TITLE_TIMEOUT": 20.0,
     # The event log, reader presence, control and engines: {"BACKEND": path, **options}.
     "LOG": {"BACKEND": "streaming.streamlog.memory.MemoryStreamLog"},
     "PRESENCE": {"BACKEND": "streaming.presence.memory.MemoryPresence"},

@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
-from streaming import database, events, metrics
+from streaming import database, events, metrics, signals
 from streaming.conf import streaming_settings
 from streaming.detokenize import Detokenizer
 from streaming.engines.base import Engine, EngineChunk, EngineError, EngineRequest
@@ -390,6 +390,12 @@ class Generation:
                     termination.status,
                     termination.completion_tokens,
                     len(text),
+                )
+                signals.answer_ended.send_robust(
+                    sender=Generation,
+                    message_id=plan.message_id,
+                    segment_index=plan.segment_index,
+                    status=termination.status,
                 )
         finally:
             backends.hub.close_local(plan.message_id)

@@ -18,11 +18,22 @@ from streaming.termination import Status
 
 
 class Conversation(models.Model):
+    class TitleSource(models.TextChoices):
+        NONE = "", "None yet"
+        QUESTION = "question", "The first question's first line"
+        MODEL = "model", "Written by the engine"
+        USER = "user", "Set by the person"
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations"
     )
     title = models.CharField(max_length=200, blank=True, default="")
+    # Who wrote the title: a placeholder (none, the question's line) may be replaced by the
+    # engine's title; the person's is never replaced (streaming.titling).
+    title_source = models.CharField(
+        max_length=16, choices=TitleSource.choices, blank=True, default=TitleSource.NONE
+    )
     model = models.CharField(max_length=200, blank=True, default="")
     system_prompt = models.TextField(blank=True, default="")
     # The last message of the branch shown and continued; a new message goes after it.

@@ -135,7 +135,11 @@ def create_conversation(
     user: Any, *, title: str = "", system_prompt: str = "", model: str = ""
 ) -> Conversation:
     conversation = Conversation.objects.create(
-        owner=user, title=title, system_prompt=system_prompt, model=model
+        owner=user,
+        title=title,
+        title_source=Conversation.TitleSource.USER if title else Conversation.TitleSource.NONE,
+        system_prompt=system_prompt,
+        model=model,
     )
     _notify(user.pk, "conversation.created", conversation=str(conversation.id), title=title)
     return conversation
@@ -146,7 +150,11 @@ def update_conversation(user: Any, conversation: Conversation, changes: dict[str
     conversations, as validated by the caller."""
     for name, value in changes.items():
         setattr(conversation, name, value)
-    conversation.save(update_fields=[*changes, "updated_at"])
+    fields = [*changes, "updated_at"]
+    if "title" in changes:
+        conversation.title_source = Conversation.TitleSource.USER
+        fields.append("title_source")
+    conversation.save(update_fields=fields)
     if "title" in changes:
         _notify(
             user.pk,
@@ -178,7 +186,7 @@ def _start_answer(
     # The answer describes the message as created: no second read for it.
     assistant._prefetched_objects_cache = {"segments": [segment]}  # type: ignore[attr-defined]
     conversation.current_leaf = assistant
-    conversation.save(update_fields=["title", "current_leaf", "updated_at"])
+    conversation.save(update_fields=["title", "title_source", "current_leaf", "updated_at"])
     history = path_messages(conversation.id, question.id)
     plan = SegmentPlan(
         message_id=str(assistant.id),
@@ -232,6 +240,7 @@ def _create_exchange(
         user_message = _ask(conversation, parent_id, content)
         if not conversation.title:
             conversation.title = content.strip().splitlines()[0][:80] if content.strip() else ""
+            conversation.title_source = Conversation.TitleSource.QUESTION
             _notify(
                 user.pk,
                 "conversation.updated",

@@ -39,9 +39,10 @@ class ConversationSerializer(serializers.ModelSerializer):
     class Meta:
         model = Conversation
         fields = [
-            "id", "title", "model", "system_prompt", "current_leaf", "created_at", "updated_at",
+            "id", "title", "title_source", "model", "system_prompt", "current_leaf", "created_at",
+            "updated_at",
         ]  # fmt: skip
-        read_only_fields = ["id", "model", "created_at", "updated_at"]
+        read_only_fields = ["id", "title_source", "model", "created_at", "updated_at"]
         extra_kwargs = {
             "title": {"required": False, "max_length": 200},
             "system_prompt": {"required": False, "max_length": settings.MAX_MESSAGE_CHARS},

@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -16,86 +15,170 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Conversation',
+            name="Conversation",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('title', models.CharField(blank=True, default='', max_length=200)),
-                ('model', models.CharField(blank=True, default='', max_length=200)),
-                ('system_prompt', models.TextField(blank=True, default='')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True, db_index=True)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='conversations', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=uuid.uuid4, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("title", models.CharField(blank=True, default="", max_length=200)),
+                ("model", models.CharField(blank=True, default="", max_length=200)),
+                ("system_prompt", models.TextField(blank=True, default="")),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True, db_index=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="conversations",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-updated_at'],
+                "ordering": ["-updated_at"],
             },
         ),
         migrations.CreateModel(
-            name='Message',
+            name="Message",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('role', models.CharField(choices=[('user', 'User'), ('assistant', 'Assistant'), ('system', 'System')], max_length=16)),
-                ('content', models.TextField(blank=True, default='')),
-                ('status', models.CharField(choices=[('streaming', 'Streaming'), ('complete', 'Complete'), ('truncated', 'Truncated (max tokens)'), ('stopped', 'Stopped (stop sequence)'), ('cancelled', 'Cancelled by the user'), ('abandoned', 'Abandoned (no reader left)'), ('error', 'Engine or server error'), ('stalled', 'Stalled (no tokens)'), ('interrupted', 'Interrupted (process died)')], db_index=True, default='complete', max_length=16)),
-                ('termination', models.JSONField(blank=True, default=dict)),
-                ('params', models.JSONField(blank=True, default=dict)),
-                ('model', models.CharField(blank=True, default='', max_length=200)),
-                ('last_seq', models.PositiveBigIntegerField(default=0)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('conversation', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='messages', to='streaming.conversation')),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=uuid.uuid4, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[
+                            ("user", "User"),
+                            ("assistant", "Assistant"),
+                            ("system", "System"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("content", models.TextField(blank=True, default="")),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("streaming", "Streaming"),
+                            ("complete", "Complete"),
+                            ("truncated", "Truncated (max tokens)"),
+                            ("stopped", "Stopped (stop sequence)"),
+                            ("cancelled", "Cancelled by the user"),
+                            ("abandoned", "Abandoned (no reader left)"),
+                            ("error", "Engine or server error"),
+                            ("stalled", "Stalled (no tokens)"),
+                            ("interrupted", "Interrupted (process died)"),
+                        ],
+                        db_index=True,
+                        default="complete",
+                        max_length=16,
+                    ),
+                ),
+                ("termination", models.JSONField(blank=True, default=dict)),
+                ("params", models.JSONField(blank=True, default=dict)),
+                ("model", models.CharField(blank=True, default="", max_length=200)),
+                ("last_seq", models.PositiveBigIntegerField(default=0)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "conversation",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="messages",
+                        to="streaming.conversation",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['created_at'],
+                "ordering": ["created_at"],
             },
         ),
         migrations.CreateModel(
-            name='Segment',
+            name="Segment",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveIntegerField()),
-                ('start_offset', models.PositiveIntegerField(default=0)),
-                ('end_offset', models.PositiveIntegerField(default=0)),
-                ('first_seq', models.PositiveBigIntegerField(default=0)),
-                ('status', models.CharField(choices=[('streaming', 'Streaming'), ('complete', 'Complete'), ('truncated', 'Truncated (max tokens)'), ('stopped', 'Stopped (stop sequence)'), ('cancelled', 'Cancelled by the user'), ('abandoned', 'Abandoned (no reader left)'), ('error', 'Engine or server error'), ('stalled', 'Stalled (no tokens)'), ('interrupted', 'Interrupted (process died)')], db_index=True, default='streaming', max_length=16)),
-                ('finish_reason', models.CharField(blank=True, max_length=32, null=True)),
-                ('stop_reason', models.CharField(blank=True, max_length=200, null=True)),
-                ('prompt_tokens', models.PositiveIntegerField(default=0)),
-                ('completion_tokens', models.PositiveIntegerField(default=0)),
-                ('ttft_ms', models.FloatField(blank=True, null=True)),
-                ('duration_ms', models.FloatField(blank=True, null=True)),
-                ('has_unclosed_code_block', models.BooleanField(default=False)),
-                ('is_valid_json', models.BooleanField(blank=True, null=True)),
-                ('error_type', models.CharField(blank=True, max_length=100, null=True)),
-                ('error_message', models.TextField(blank=True, null=True)),
-                ('error_code', models.CharField(blank=True, max_length=64, null=True)),
-                ('worker', models.CharField(blank=True, db_index=True, default='', max_length=200)),
-                ('started_at', models.DateTimeField(auto_now_add=True)),
-                ('ended_at', models.DateTimeField(blank=True, null=True)),
-                ('message', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='segments', to='streaming.message')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("index", models.PositiveIntegerField()),
+                ("start_offset", models.PositiveIntegerField(default=0)),
+                ("end_offset", models.PositiveIntegerField(default=0)),
+                ("first_seq", models.PositiveBigIntegerField(default=0)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("streaming", "Streaming"),
+                            ("complete", "Complete"),
+                            ("truncated", "Truncated (max tokens)"),
+                            ("stopped", "Stopped (stop sequence)"),
+                            ("cancelled", "Cancelled by the user"),
+                            ("abandoned", "Abandoned (no reader left)"),
+                            ("error", "Engine or server error"),
+                            ("stalled", "Stalled (no tokens)"),
+                            ("interrupted", "Interrupted (process died)"),
+                        ],
+                        db_index=True,
+                        default="streaming",
+                        max_length=16,
+                    ),
+                ),
+                ("finish_reason", models.CharField(blank=True, max_length=32, null=True)),
+                ("stop_reason", models.CharField(blank=True, max_length=200, null=True)),
+                ("prompt_tokens", models.PositiveIntegerField(default=0)),
+                ("completion_tokens", models.PositiveIntegerField(default=0)),
+                ("ttft_ms", models.FloatField(blank=True, null=True)),
+                ("duration_ms", models.FloatField(blank=True, null=True)),
+                ("has_unclosed_code_block", models.BooleanField(default=False)),
+                ("is_valid_json", models.BooleanField(blank=True, null=True)),
+                ("error_type", models.CharField(blank=True, max_length=100, null=True)),
+                ("error_message", models.TextField(blank=True, null=True)),
+                ("error_code", models.CharField(blank=True, max_length=64, null=True)),
+                ("worker", models.CharField(blank=True, db_index=True, default="", max_length=200)),
+                ("started_at", models.DateTimeField(auto_now_add=True)),
+                ("ended_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "message",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="segments",
+                        to="streaming.message",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['message', 'index'],
+                "ordering": ["message", "index"],
             },
         ),
         migrations.AddIndex(
-            model_name='conversation',
-            index=models.Index(fields=['owner', '-updated_at'], name='conv_owner_recent'),
+            model_name="conversation",
+            index=models.Index(fields=["owner", "-updated_at"], name="conv_owner_recent"),
         ),
         migrations.AddIndex(
-            model_name='message',
-            index=models.Index(fields=['conversation', 'created_at'], name='msg_conv_created'),
+            model_name="message",
+            index=models.Index(fields=["conversation", "created_at"], name="msg_conv_created"),
         ),
         migrations.AddIndex(
-            model_name='message',
-            index=models.Index(fields=['status', 'updated_at'], name='msg_status_updated'),
+            model_name="message",
+            index=models.Index(fields=["status", "updated_at"], name="msg_status_updated"),
         ),
         migrations.AddIndex(
-            model_name='segment',
-            index=models.Index(fields=['status', 'worker'], name='segment_status_worker'),
+            model_name="segment",
+            index=models.Index(fields=["status", "worker"], name="segment_status_worker"),
         ),
         migrations.AddConstraint(
-            model_name='segment',
-            constraint=models.UniqueConstraint(fields=('message', 'index'), name='segment_message_index'),
+            model_name="segment",
+            constraint=models.UniqueConstraint(
+                fields=("message", "index"), name="segment_message_index"
+            ),
         ),
     ]

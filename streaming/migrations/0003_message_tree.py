@@ -1,31 +1,13 @@
-"""Conversations become trees: every message gets a parent, every conversation a leaf.
-
-A conversation stored before this is one branch: each message's parent is the one before
-it (by creation), and its current leaf is its last message, so it reads back exactly as it
-did. Reversing drops both columns.
+"""Conversations become trees: every message gets a parent, every conversation a leaf;
+and titles say who wrote them. The rows stored before are linked in 0004 (data apart
+from schema: PostgreSQL cannot build the deferred indexes over rows changed in the same
+transaction). Reversing drops the three columns.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import django.db.models.deletion
 from django.db import migrations, models
-
-
-def link_linear_conversations(apps: Any, schema_editor: Any) -> None:
-    Conversation = apps.get_model("streaming", "Conversation")
-    Message = apps.get_model("streaming", "Message")
-    for conversation_id in Conversation.objects.values_list("id", flat=True).iterator():
-        ids = list(
-            Message.objects.filter(conversation_id=conversation_id)
-            .order_by("created_at", "id")
-            .values_list("id", flat=True)
-        )
-        for parent_id, message_id in zip(ids, ids[1:], strict=False):
-            Message.objects.filter(id=message_id).update(parent_id=parent_id)
-        if ids:
-            Conversation.objects.filter(id=conversation_id).update(current_leaf_id=ids[-1])
 
 
 class Migration(migrations.Migration):
@@ -54,5 +36,19 @@ class Migration(migrations.Migration):
                 to="streaming.message",
             ),
         ),
-        migrations.RunPython(link_linear_conversations, migrations.RunPython.noop),
+        migrations.AddField(
+            model_name="conversation",
+            name="title_source",
+            field=models.CharField(
+                blank=True,
+                choices=[
+                    ("", "None yet"),
+                    ("question", "The first question's first line"),
+                    ("model", "Written by the engine"),
+                    ("user", "Set by the person"),
+                ],
+                default="",
+                max_length=16,
+            ),
+        ),
     ]

@@ -83,7 +83,7 @@ def test_a_linear_conversation_reads_back_identically_as_one_branch(migrate) -> 
     ]
     updated_at = Conversation.objects.get(id=conversation.id).updated_at
 
-    migrate([("streaming", "0003_message_tree")])
+    migrate([("streaming", "0004_link_linear_conversations")])
     owner = CurrentUser.objects.get(id=user.id)
     tree, ids = branch_ids(owner, conversation.id)
     assert ids == [str(m.id) for m in stored], "the same messages, in the same order"
