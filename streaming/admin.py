@@ -17,11 +17,11 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from streaming import services
+from streaming import selectors, services
 from streaming.conf import streaming_settings
 from streaming.models import Conversation, Message, Segment
 from streaming.termination import Status
@@ -39,6 +39,11 @@ SEGMENT_COLUMNS = (
     ("error_message", "error"),
     ("worker", "worker"),
 )
+
+
+def _excerpt(text: str, limit: int = 80) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def termination_html(termination: dict[str, Any]) -> SafeString:
@@ -147,9 +152,38 @@ class ConversationAdmin(admin.ModelAdmin):
     list_filter = [LastStatusFilter, "updated_at", "created_at"]
     search_fields = ["title", "messages__content", "owner__username"]
     list_select_related = ["owner"]
-    fields = ["owner", "title", "system_prompt", "model", "created_at", "updated_at"]
-    readonly_fields = ["owner", "model", "created_at", "updated_at"]
+    fields = [
+        "owner", "title", "title_source", "system_prompt", "model", "branches", "created_at",
+        "updated_at",
+    ]  # fmt: skip
+    readonly_fields = ["owner", "title_source", "model", "branches", "created_at", "updated_at"]
     inlines = [MessageInline]
+
+    @admin.display(description="messages as a tree (▶ the branch shown)")
+    def branches(self, conversation: Conversation) -> SafeString:
+        rows = selectors.outline(conversation)
+        if not rows:
+            return format_html("<em>{}</em>", "no messages")
+        return format_html(
+            '<table class="message-tree"><tbody>{}</tbody></table>',
+            format_html_join(
+                "",
+                '<tr><td>{}</td><td style="padding-left:{}em">{} <a href="{}">{}</a></td>'
+                "<td>{}</td><td>{}</td></tr>",
+                (
+                    (
+                        "▶" if shown else "",
+                        1.5 * depth,
+                        message.role,
+                        reverse("admin:streaming_message_change", args=[message.id]),
+                        _excerpt(message.content),
+                        message.status if message.role == Message.Role.ASSISTANT else "",
+                        message.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    )
+                    for message, depth, shown in rows
+                ),
+            ),
+        )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Conversation]:
         last = Message.objects.filter(
@@ -196,8 +230,8 @@ class MessageAdmin(StopPermission, admin.ModelAdmin):
     search_fields = ["content", "conversation__title", "conversation__owner__username"]
     list_select_related = ["conversation__owner"]
     fields = readonly_fields = (
-        "conversation", "role", "status", "content", "termination_record", "params", "model",
-        "last_seq", "created_at", "updated_at",
+        "conversation", "parent", "role", "status", "content", "termination_record", "params",
+        "model", "last_seq", "created_at", "updated_at",
     )  # fmt: skip
     inlines = [SegmentInline]
     actions = [stop_generation]

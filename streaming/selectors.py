@@ -68,6 +68,23 @@ def branch_ids(
     return tree, tree.path(leaf) if leaf is not None else []
 
 
+def outline(conversation: Conversation) -> list[tuple[Message, int, bool]]:
+    """Every message of a conversation in tree order (each followed by its answers or
+    follow-ups, versions in creation order), with its depth and whether it is on the
+    branch shown: what the admin draws. For callers that checked who may see it."""
+    tree = tree_of(conversation.id)
+    leaf = conversation.current_leaf_id or tree.last_leaf()
+    shown = set(tree.path(leaf)) if leaf is not None else set()
+    rows = {str(m.id): m for m in Message.objects.filter(conversation=conversation)}
+    ordered: list[tuple[Message, int, bool]] = []
+    pending = [(root, 0) for root in reversed(tree.children.get(None, []))]
+    while pending:
+        message_id, depth = pending.pop()
+        ordered.append((rows[message_id], depth, message_id in shown))
+        pending.extend((c, depth + 1) for c in reversed(tree.children.get(message_id, [])))
+    return ordered
+
+
 def messages_in_order(ids: list[str]) -> list[Message]:
     """The messages ``ids`` names (from ``branch_ids``: already the caller's), in that
     order, with their segments."""

@@ -109,6 +109,35 @@ def test_change_pages_show_the_record_and_segments_as_text(staff, account):
     assert 'name="_save"' not in html
 
 
+def test_a_conversation_is_shown_as_a_tree_with_its_branch_marked(staff, account):
+    conversation = Conversation.objects.create(owner=account.user, title="branches")
+    question = Message.objects.create(conversation=conversation, role="user", content="Why?")
+    old = Message.objects.create(
+        conversation=conversation, parent=question, role="assistant", content="<b>Old</b>",
+        status="complete",
+    )  # fmt: skip
+    new = Message.objects.create(
+        conversation=conversation, parent=question, role="assistant", content="New answer",
+        status="truncated",
+    )  # fmt: skip
+    follow = Message.objects.create(
+        conversation=conversation, parent=new, role="user", content="And then?"
+    )
+    conversation.current_leaf = follow
+    conversation.save()
+
+    html = staff.get(f"/admin/streaming/conversation/{conversation.id}/change/").content.decode()
+    tree = html[html.index('class="message-tree"') :]
+    tree = tree[: tree.index("</table>")]
+    rows = tree.split("<tr>")[1:]
+    assert [r.count("▶") for r in rows] == [1, 0, 1, 1], "question, old, new, follow-up"
+    assert "&lt;b&gt;Old&lt;/b&gt;" in rows[1] and "<b>Old</b>" not in tree
+    assert "padding-left:1.5em" in rows[2] and "padding-left:3.0em" in rows[3]
+    assert f"/admin/streaming/message/{old.id}/change/" in rows[1]
+    assert f"/admin/streaming/message/{new.id}/change/" in rows[2]
+    assert "truncated" in rows[2]
+
+
 def test_the_admin_is_for_staff_only(account, other_account):
     browser = Client()
     browser.force_login(account.user)
