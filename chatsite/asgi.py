@@ -28,6 +28,7 @@ from django.urls import re_path  # noqa: E402
 from chatsite.routing import http_urlpatterns, websocket_urlpatterns  # noqa: E402
 from streaming.runtime import get_runtime  # noqa: E402
 from streaming.transports import daphne  # noqa: E402
+from streaming.transports.onestep import OneStepAnswers  # noqa: E402
 from streaming.transports.wsauth import WebSocketAuthMiddleware  # noqa: E402
 
 # Frames go out when written, not on the reactor's next writability pass; checks the server
@@ -80,7 +81,10 @@ application = StartRuntime(
             "http": URLRouter(
                 [
                     *http_urlpatterns,
-                    re_path(r"", Bounded(django_asgi_app, settings.REQUEST_CONCURRENCY)),
+                    re_path(
+                        r"",
+                        OneStepAnswers(Bounded(django_asgi_app, settings.REQUEST_CONCURRENCY)),
+                    ),
                 ]
             ),
             "websocket": SessionMiddlewareStack(

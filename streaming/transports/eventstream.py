@@ -36,5 +36,11 @@ def data(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
+def named(name: str, obj: dict[str, Any]) -> bytes:
+    """An ``event`` / ``data`` frame without an ``id`` (not part of the resumable stream)."""
+    payload = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {name}\ndata: {payload}\n\n".encode()
+
+
 def retry(ms: int) -> bytes:
     return f"retry: {ms}\n\n".encode()

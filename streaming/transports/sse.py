@@ -98,21 +98,12 @@ class MessageStreamConsumer(TaskedHttpConsumer):
         await self.send_headers(status=200, headers=STREAM_HEADERS)
         await self.send_body(eventstream.retry(streaming_settings.RETRY_MS), more_body=True)
         subscription = selectors.subscription(state, after, "sse", SendBuffer(self.base_send))
-        self.respond_in_task(self.run(subscription, frame_send(self.base_send)))
+        self.respond_in_task(self.run(subscription))
         return True
 
-    async def run(self, subscription: Subscription, send: Callable[..., Awaitable[None]]) -> None:
-        """``send`` is the server's own (``frame_send``): frames skip the wrappers."""
-        with stream_context(subscription.state.id):
-            try:
-                async for batch in subscription.frames(streaming_settings.PING_INTERVAL):
-                    body = eventstream.PING if batch is None else eventstream.frames(batch)
-                    await send({"type": "http.response.body", "body": body, "more_body": True})
-            except SlowConsumer as exc:
-                log.info("closing a slow SSE client: %s", exc)
-            except Exception:
-                log.exception("SSE stream failed")
-            await self.send_body(b"", more_body=False)
+    async def run(self, subscription: Subscription) -> None:
+        await send_events(subscription, frame_send(self.base_send))
+        await self.send_body(b"", more_body=False)
 
     async def error(
         self,
@@ -125,3 +116,17 @@ class MessageStreamConsumer(TaskedHttpConsumer):
         body = error_bytes(status, code, message, field)
         headers = [(b"content-type", b"application/json")] + (extra or [])
         await self.send_response(status, body, headers=headers)
+
+
+async def send_events(subscription: Subscription, send: Callable[..., Awaitable[None]]) -> None:
+    """Write a subscription's frames as SSE until it ends (the caller ends the body).
+    ``send`` is the server's own (``frame_send``): frames skip the wrappers."""
+    with stream_context(subscription.state.id):
+        try:
+            async for batch in subscription.frames(streaming_settings.PING_INTERVAL):
+                body = eventstream.PING if batch is None else eventstream.frames(batch)
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+        except SlowConsumer as exc:
+            log.info("closing a slow SSE client: %s", exc)
+        except Exception:
+            log.exception("SSE stream failed")

@@ -1,0 +1,134 @@
+"""One round trip per answer: a ``POST`` that starts an answer and asks for
+``Accept: text/event-stream`` is answered with the answer's stream itself.
+
+Django handles the ``POST`` as it handles every other (authentication, CSRF, body limits,
+validation, the error shapes and the OpenAPI contract are the REST API's, untouched: it
+is told the client accepts JSON). When its answer is a ``201`` that describes a started
+answer (``message.stream``), the client gets, instead of that JSON, a ``200`` stream: a
+first ``created`` event (no ``id``) whose data is the 201's body, with both messages and
+their ids, then the answer's events exactly as ``GET /api/messages/<id>/stream/`` sends
+them from the start. Any other answer (an error, a 201 that started nothing) goes out as
+Django wrote it. A client that loses the stream resumes with that GET and
+``Last-Event-ID``, as after any dropped stream.
+
+Applies to ``POST /api/conversations/<id>/messages/``, ``/regenerate/`` and ``/edit/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from streaming import selectors
+from streaming.auth import header
+from streaming.conf import streaming_settings
+from streaming.reading import MessageState
+from streaming.termination import Status
+from streaming.transports import eventstream
+from streaming.transports.daphne import SendBuffer, frame_send
+from streaming.transports.sse import STREAM_HEADERS, send_events
+
+EVENT_STREAM = "text/event-stream"
+# Django's headers that describe its JSON body, not the stream that replaces it.
+BODY_HEADERS = {b"content-type", b"content-length", b"content-encoding", b"vary"}
+
+
+def wants_stream(scope: dict[str, Any]) -> bool:
+    if scope.get("type") != "http" or scope.get("method") != "POST":
+        return False
+    return EVENT_STREAM in (header(scope, b"accept") or "").lower()
+
+
+def _as_json_request(scope: dict[str, Any]) -> dict[str, Any]:
+    headers = [(k, v) for k, v in scope["headers"] if k != b"accept"]
+    return {**scope, "headers": [*headers, (b"accept", b"application/json")]}
+
+
+class _Capture:
+    """Django's ``send``: a 201 is held back for the stream; anything else goes through."""
+
+    def __init__(self, send: Any) -> None:
+        self.send = send
+        self.holding = False
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body = bytearray()
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.holding = message["status"] == 201
+            if self.holding:
+                self.headers = list(message.get("headers", []))
+                return
+        elif message["type"] == "http.response.body" and self.holding:
+            self.body += message.get("body", b"")
+            return
+        await self.send(message)
+
+    def started_answer(self) -> dict[str, Any] | None:
+        """The 201's body when it describes a started answer."""
+        try:
+            data = json.loads(self.body)
+            return data if data["message"]["stream"]["message_id"] else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+class OneStepAnswers:
+    """ASGI middleware in front of Django (see the module's docstring)."""
+
+    def __init__(self, django: Any) -> None:
+        self.django = django
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        if not wants_stream(scope):
+            return await self.django(scope, receive, send)
+        capture = _Capture(send)
+        await self.django(_as_json_request(scope), receive, capture)
+        if not capture.holding:
+            return
+        created = capture.started_answer()
+        if created is None:  # a 201 of something else: as Django wrote it
+            await send({"type": "http.response.start", "status": 201, "headers": capture.headers})
+            await send({"type": "http.response.body", "body": bytes(capture.body)})
+            return
+        await self._stream(created, capture.headers, receive, send)
+
+    async def _stream(
+        self, created: dict[str, Any], headers: list[tuple[bytes, bytes]], receive: Any, send: Any
+    ) -> None:
+        kept = [(k, v) for k, v in headers if k.lower() not in BODY_HEADERS]
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [*STREAM_HEADERS, *kept]}
+        )
+        opening = eventstream.retry(streaming_settings.RETRY_MS)
+        opening += eventstream.named("created", created)
+        await send({"type": "http.response.body", "body": opening, "more_body": True})
+        # The answer was created for this caller a moment ago: its state is known.
+        message = created["message"]
+        state = MessageState(
+            id=message["id"],
+            status=message.get("status", Status.STREAMING.value),
+            last_seq=message.get("last_seq", 0),
+            termination=message.get("termination") or {},
+        )
+        subscription = selectors.subscription(state, 0, "sse", SendBuffer(send))
+        streaming = asyncio.create_task(send_events(subscription, frame_send(send)))
+        gone = asyncio.create_task(_disconnected(receive))
+        try:
+            await asyncio.wait({streaming, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (streaming, gone):
+                task.cancel()
+            for task in (streaming, gone):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if not gone.cancelled() and gone.done():
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnected(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

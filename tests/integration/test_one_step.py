@@ -1,0 +1,172 @@
+"""One round trip per answer: POST with ``Accept: text/event-stream`` answers with the
+stream, against a real Daphne process (token and session callers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.clients import (
+    SSEEvent,
+    auth,
+    create_conversation,
+    iter_sse,
+    read_sse,
+    text_of,
+    wait_for_status,
+)
+
+pytestmark = pytest.mark.asyncio
+
+STREAM = {"Accept": "text/event-stream"}
+QUICK = {"simulation": {"length": 30, "tokens_per_second": 300, "ttft_ms": 0}}
+
+
+async def post_streaming(
+    api: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    stop_after: int | None = None,
+) -> tuple[httpx.Response, list[SSEEvent]]:
+    events: list[SSEEvent] = []
+    async with api.stream("POST", url, json=body, headers={**STREAM, **headers}) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return response, events
+        async for item in iter_sse(response):
+            if isinstance(item, SSEEvent):
+                events.append(item)
+                if stop_after is not None and len(events) >= stop_after:
+                    break
+    return response, events
+
+
+async def test_a_post_that_asks_for_the_stream_gets_it_with_the_created_ids(
+    daphne, account
+) -> None:
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        conversation = await create_conversation(api, account.token)
+        url = f"/api/conversations/{conversation}/messages/"
+        response, events = await post_streaming(
+            api, url, {"content": "hello", "params": QUICK}, auth(account.token)
+        )
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        created = events[0]
+        assert (created.event, created.id) == ("created", None)
+        message = created.data["message"]
+        assert created.data["user_message"]["content"] == "hello"
+        assert message["status"] == "streaming" and message["stream"]["message_id"]
+        stream = [e.data for e in events[1:]]
+        assert stream[0]["type"] == "start" and stream[-1]["type"] == "done"
+        assert [int(e.id or 0) for e in events[1:]] == [e["seq"] for e in stream]
+        stored = await wait_for_status(api, account.token, message["id"])
+        assert text_of(stream) == stored["content"] and stored["status"] == "complete"
+
+        # Without the Accept header: the same POST answers its JSON 201, as before.
+        plain = await api.post(
+            url, json={"content": "again", "params": QUICK}, headers=auth(account.token)
+        )
+        assert plain.status_code == 201 and set(plain.json()) == set(created.data)
+
+
+async def test_refusals_are_the_rest_apis_own(daphne, account, other_account) -> None:
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        conversation = await create_conversation(api, account.token)
+        url = f"/api/conversations/{conversation}/messages/"
+        for body, headers, status in (
+            ({"content": "x", "params": {"top_p": 7}}, auth(account.token), 400),
+            ({"content": ""}, auth(account.token), 400),
+            ({"content": "x"}, {}, 401),
+            ({"content": "x"}, auth(other_account.token), 404),
+        ):
+            streamed, _ = await post_streaming(api, url, body, headers)
+            plain = await api.post(url, json=body, headers=headers)
+            assert streamed.status_code == plain.status_code == status
+            assert streamed.headers["content-type"] == "application/json"
+            assert streamed.json() == plain.json()
+
+
+async def test_a_session_caller_needs_the_csrf_token_as_on_rest(daphne, account) -> None:
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as browser:
+        login = await browser.get("/accounts/login/")
+        token = login.cookies.get("csrftoken") or browser.cookies.get("csrftoken")
+        signed_in = await browser.post(
+            "/accounts/login/",
+            data={"username": account.username, "password": account.password,
+                  "csrfmiddlewaretoken": token},
+            headers={"Referer": f"{server.url}/accounts/login/"},
+        )  # fmt: skip
+        assert signed_in.status_code in (200, 302), signed_in.text
+        csrf = browser.cookies.get("csrftoken")
+        conversation = (
+            await browser.post(
+                "/api/conversations/",
+                json={},
+                headers={"X-CSRFToken": csrf, "Referer": server.url + "/"},
+            )
+        ).json()["id"]
+        url = f"/api/conversations/{conversation}/messages/"
+        refused, _ = await post_streaming(browser, url, {"content": "x"}, {})
+        assert refused.status_code == 403
+        accepted, events = await post_streaming(
+            browser, url, {"content": "x", "params": QUICK},
+            {"X-CSRFToken": csrf, "Referer": server.url + "/"},
+        )  # fmt: skip
+        assert accepted.status_code == 200 and events[-1].data["type"] == "done"
+
+
+async def test_a_dropped_one_step_stream_resumes_with_the_get(daphne, account) -> None:
+    server = daphne()
+    slow = {"simulation": {"length": 40, "tokens_per_second": 40, "ttft_ms": 0}}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        conversation = await create_conversation(api, account.token)
+        url = f"/api/conversations/{conversation}/messages/"
+        _, head = await post_streaming(
+            api, url, {"content": "long", "params": slow}, auth(account.token), stop_after=5
+        )
+        message_id = head[0].data["message"]["id"]
+        cursor = int(head[-1].id or 0)
+        rest = await read_sse(api, account.token, message_id, last_event_id=cursor)
+        combined = [e.data for e in head[1:] + rest.events]
+        stored = await wait_for_status(api, account.token, message_id)
+        assert text_of(combined) == stored["content"]
+        assert rest.events[-1].data["type"] == "done"
+
+
+async def test_regenerate_and_edit_stream_in_one_step_too(daphne, account) -> None:
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        conversation = await create_conversation(api, account.token)
+        first = await api.post(
+            f"/api/conversations/{conversation}/messages/?wait=true",
+            json={"content": "hi", "params": QUICK},
+            headers=auth(account.token),
+        )
+        answer, question = first.json()["message"]["id"], first.json()["user_message"]["id"]
+        for url, body in (
+            (f"/api/messages/{answer}/regenerate/", {"params": QUICK}),
+            (f"/api/messages/{question}/edit/", {"content": "hi there", "params": QUICK}),
+        ):
+            response, events = await post_streaming(api, url, body, auth(account.token))
+            assert response.status_code == 200, url
+            assert events[0].event == "created" and events[-1].data["status"] == "complete"
+
+
+async def test_leaving_a_one_step_stream_abandons_the_answer(daphne, account) -> None:
+    server = daphne(STREAM_ABANDON_GRACE="0")
+    endless = {"simulation": {"length": 5000, "tokens_per_second": 50, "ttft_ms": 0}}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        conversation = await create_conversation(api, account.token)
+        url = f"/api/conversations/{conversation}/messages/"
+        _, head = await post_streaming(
+            api, url, {"content": "go", "params": endless}, auth(account.token), stop_after=3
+        )
+        ended = await wait_for_status(api, account.token, head[0].data["message"]["id"])
+        assert ended["status"] == "abandoned"
