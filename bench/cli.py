@@ -56,6 +56,11 @@ def parse(argv: list[str] | None) -> tuple[Options, list[str], Path | None]:
             resume_streams=10,
             replay_bytes=200_000,
             replay_clients=20,
+            users=100,
+            users_seconds=10,
+            users_ramp=3,
+            users_think=1.0,
+            users_tokens=20,
             ttft_rate=20,
             ttft_seconds=2,
         )

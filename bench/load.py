@@ -12,8 +12,10 @@ several processes, so the load generator is not the bottleneck it measures.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import multiprocessing
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +47,10 @@ class StreamPlan:
     rcvbuf: int | None = None
     # Set: read this existing message from its first event (a replay) instead of creating one.
     message_id: str = ""
+    # A closed-loop user (``run_users``): after each answer, think ``think`` seconds (0.5 to
+    # 1.5 times, at random) and send the next, until the wall clock passes ``until``.
+    think: float = 0.0
+    until: float = 0.0
 
 
 @dataclass(slots=True)
@@ -319,6 +325,46 @@ async def run(plans: list[StreamPlan], creates_in_flight: int = 0) -> list[Strea
 
 
 _creates: asyncio.Semaphore | None = None
+
+
+async def run_user(plan: StreamPlan) -> list[StreamResult]:
+    """One closed-loop user: answer after answer, with think time between, until
+    ``plan.until``. Every answer's result, in order."""
+    rng = random.Random(f"{plan.port}:{plan.conversation}:{plan.start_at}")
+    budget = plan.deadline - plan.start_at if plan.deadline else 120.0
+    results: list[StreamResult] = []
+    start = plan.start_at
+    while True:
+        one = dataclasses.replace(plan, start_at=start, deadline=start + budget)
+        results.append(await run_one(one))
+        start = time.time() + plan.think * rng.uniform(0.5, 1.5)
+        if start >= plan.until:
+            return results
+
+
+def _run_user_slice(plans: list[StreamPlan]) -> list[StreamResult]:
+    async def users() -> list[list[StreamResult]]:
+        return list(await asyncio.gather(*(run_user(p) for p in plans)))
+
+    return [r for user in asyncio.run(users()) for r in user]
+
+
+def run_users(
+    plans: list[StreamPlan],
+    processes: int,
+    samples: list[tuple[float, Callable[[], None]]] = (),  # type: ignore[assignment]
+) -> list[StreamResult]:
+    """``run_user`` for every plan over ``processes`` load processes; the results of all
+    answers (in no particular order). ``samples`` as for ``run_in_processes``."""
+    processes = max(1, min(processes, len(plans)))
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        pending = pool.map_async(_run_user_slice, [plans[i::processes] for i in range(processes)])
+        for at, callback in sorted(samples, key=lambda pair: pair[0]):
+            delay = at - time.time()
+            if delay > 0 and not pending.ready():
+                pending.wait(delay)
+            callback()
+        return [r for part in pending.get() for r in part]
 
 
 class _Creating:

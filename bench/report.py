@@ -6,6 +6,7 @@ from typing import Any
 
 # Figures shown in the table (everything is in the JSON); distributions show p50/p99/max.
 SHOWN = (
+    "users",
     "streams",
     "errors",
     "tokens",
@@ -17,6 +18,7 @@ SHOWN = (
     "added_latency_ms",
     "frames_per_token",
     "cpu_seconds",
+    "cpu_ms_per_answer",
     "cpu_seconds_per_1k_tokens",
     "lost_streams",
     "duplicated_streams",

@@ -28,6 +28,7 @@ from bench.load import (
     StreamPlan,
     StreamResult,
     run_in_processes,
+    run_users,
 )
 from bench.stats import summary
 
@@ -61,6 +62,12 @@ class Options:
     resume_streams: int = 200
     replay_bytes: int = 1_000_000
     replay_clients: int = 100
+    users: int = 3000
+    users_seconds: float = 60.0
+    users_ramp: float = 20.0
+    users_think: float = 3.0
+    users_tokens: int = 40
+    users_rate: float = 10.0
     ttft_rate: float = 100.0
     ttft_seconds: float = 10.0
     ttft_ms: float = 50.0
@@ -222,9 +229,13 @@ def check_persisted(results: list[StreamResult]) -> dict[str, Any]:
 def usage_figures(
     before: servers.Usage, after: servers.Usage, tokens: int, streams: int
 ) -> dict[str, Any]:
+    """The servers' CPU over the answers and over the tokens they delivered: both divide the
+    same seconds (a scenario of short answers shows the cost of an answer, one of long
+    answers the cost of a token)."""
     cpu = after.cpu_seconds - before.cpu_seconds
     return {
         "cpu_seconds": cpu,
+        "cpu_ms_per_answer": cpu / streams * 1000 if streams else None,
         "cpu_seconds_per_1k_tokens": cpu / tokens * 1000 if tokens else None,
         "rss_before_mib": before.rss_bytes / 2**20,
         "rss_after_mib": after.rss_bytes / 2**20,
@@ -562,6 +573,48 @@ def replay(options: Options) -> dict[str, Any]:
     return {"ours": figures}
 
 
+def users(options: Options) -> dict[str, Any]:
+    """Target 3: the second seed's concurrent users as a closed loop (each sends a message,
+    reads the answer, thinks, sends the next), half SSE, half WS: zero errors, nothing lost,
+    TTFT added p50 <= 100 ms and p99 <= 500 ms, added latency p99 <= 150 ms."""
+    n = options.users
+    sim = {
+        "text": TEXT,
+        "length": options.users_tokens,
+        "tokens_per_second": options.users_rate,
+        "ttft_ms": options.ttft_ms,
+    }
+    out: dict[str, Any] = {}
+
+    def measure(side: Side) -> dict[str, Any]:
+        plans = plans_for(side, n, sim, options.users_ramp, transports=half_and_half, budget=90)
+        until = plans[0].start_at + options.users_seconds
+        for plan in plans:
+            plan.think, plan.until = options.users_think, until
+        before = side.cluster.usage()
+        results = run_users(plans, options.load_processes)
+        after = side.cluster.usage()
+        figures = stream_figures(results, options.ttft_ms)
+        figures["users"] = n
+        figures.update(usage_figures(before, after, figures["tokens"], len(results)))
+        if side.name == "ours":
+            figures.update(check_persisted(results))
+        return figures
+
+    side = start_ours(options, "users", n)
+    try:
+        out["ours"] = measure(side)
+    finally:
+        side.cluster.stop()
+    if options.baseline:
+        base = start_baseline(options, "users")
+        try:
+            out["baseline"] = measure(base)
+        finally:
+            base.cluster.stop()
+    return out
+
+
 SCENARIOS: dict[str, Callable[[Options], dict[str, Any]]] = {
     "steady": steady,
     "mixed": mixed,
@@ -570,6 +623,7 @@ SCENARIOS: dict[str, Callable[[Options], dict[str, Any]]] = {
     "resume": resume,
     "ttft": ttft,
     "replay": replay,
+    "users": users,
 }
 
 
