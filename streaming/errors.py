@@ -1,7 +1,8 @@
 """The errors the services raise, and the one shape every entry point answers them in.
 
-``{"error": {"status": 404, "code": "not_found", "message": "...", "field": "params.stop"}}``
-(``field`` only for validation errors). REST, WebSocket and the OpenAI-compatible endpoint
+``{"error": {"status": 400, "code": "invalid_params", "field": "params.stop",
+"message": "params.stop: at most 8 sequences"}}`` (``field`` only for validation errors,
+and then ``message`` starts with it). REST, WebSocket and the OpenAI-compatible endpoint
 all describe a ``ServiceError`` with ``describe`` and ``headers_of``; each wraps the same
 fields in its own envelope (a JSON body, a ``{"type": "error"}`` frame, OpenAI's error
 object). Stream errors use the event schema instead.
@@ -17,7 +18,10 @@ AUTHENTICATE = 'Token realm="api"'
 
 
 class ServiceError(Exception):
-    """A request the services refuse; ``status`` is the HTTP status it answers with."""
+    """A request the services refuse; ``status`` is the HTTP status it answers with.
+
+    With a ``field``, ``message`` says what is wrong with it ("must be a number"): the
+    error shape puts the field's name in front (``error_fields``)."""
 
     status = 400
     code = "invalid"
@@ -72,10 +76,13 @@ class InvalidCursor(ServiceError):
 
 
 def error_fields(status: int, code: str, message: str, field: str | None = None) -> dict[str, Any]:
-    fields: dict[str, Any] = {"status": status, "code": code, "message": message}
-    if field is not None:
-        fields["field"] = field
-    return fields
+    """The error object. A validation error's message names its field first
+    ("params.max_tokens: must be between 1 and 4096"), as OpenAI's errors do: many clients
+    (the openai SDK among them) show only ``message``, and a bound without its field's
+    name helps nobody."""
+    if field is None:
+        return {"status": status, "code": code, "message": message}
+    return {"status": status, "code": code, "message": f"{field}: {message}", "field": field}
 
 
 def error_body(status: int, code: str, message: str, field: str | None = None) -> dict[str, Any]:

@@ -102,10 +102,11 @@ def validate_params(raw: Any, *, accepts_simulation: bool) -> dict[str, Any]:
             raise ParamError(
                 "params.simulation", "is only accepted while the simulated engine is active"
             )
-        from streaming.engines.simulated import validate_simulation
+        from streaming.engines.simulated import SimulationError, validate_simulation
 
         try:
             clean["simulation"] = validate_simulation(raw["simulation"])
-        except ValueError as exc:
-            raise ParamError("params.simulation", str(exc)) from exc
+        except SimulationError as exc:
+            field = f"params.simulation.{exc.key}" if exc.key else "params.simulation"
+            raise ParamError(field, exc.message) from exc
     return {name: clean[name] for name in ALLOWED if name in clean}

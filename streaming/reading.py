@@ -53,7 +53,7 @@ def parse_cursor(value: Any, name: str, *, text: bool) -> int:
         and 0 <= value < 10**MAX_CURSOR_DIGITS
     ):
         return value
-    raise InvalidCursor(f"{name} must be a non-negative integer event id", field=name)
+    raise InvalidCursor("must be a non-negative integer event id", field=name)
 
 
 class SlowConsumer(Exception):

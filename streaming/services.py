@@ -258,13 +258,13 @@ def _create_exchange(
 
 def _validate_content(content: Any) -> str:
     if not isinstance(content, str) or not content.strip():
-        raise InvalidParams("content must be a non-empty string", field="content")
+        raise InvalidParams("must be a non-empty string", field="content")
     if len(content) > settings.MAX_MESSAGE_CHARS:
         raise InvalidParams(
-            f"content is longer than {settings.MAX_MESSAGE_CHARS} characters", field="content"
+            f"is longer than {settings.MAX_MESSAGE_CHARS} characters", field="content"
         )
     if not is_storable(content):
-        raise InvalidParams(f"content {UNSTORABLE}", field="content")
+        raise InvalidParams(UNSTORABLE, field="content")
     return content
 
 

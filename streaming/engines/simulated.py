@@ -135,8 +135,19 @@ _INT_KEYS = {"length": 1, "error_after_tokens": 0, "stall_after_tokens": 0, "see
 _KNOWN_KEYS = (*_FLOAT_KEYS, *_INT_KEYS, "text")
 
 
+class SimulationError(ValueError):
+    """A bad ``request.simulation``: ``key`` is the offending key (``None``: the whole
+    object), ``message`` what is wrong with it."""
+
+    def __init__(self, key: str | None, message: str) -> None:
+        super().__init__(f"simulation.{key}: {message}" if key else f"simulation: {message}")
+        self.key = key
+        self.message = message
+
+
 def validate_simulation(params: dict[str, Any]) -> dict[str, Any]:
-    """Check ``request.simulation`` and return a normalised copy; ValueError names the key.
+    """Check ``request.simulation`` and return a normalised copy, or raise
+    ``SimulationError`` naming the key.
 
     Keys: ``ttft_ms`` / ``slow_start_ms`` (number >= 0, added together before the first
     token), ``tokens_per_second`` (number > 0), ``length`` (int >= 1: tokens to produce,
@@ -145,34 +156,33 @@ def validate_simulation(params: dict[str, Any]) -> dict[str, Any]:
     producing that token; no effect if the answer is shorter), ``seed`` (int).
     """
     if not isinstance(params, dict):
-        raise ValueError("simulation: must be an object")
+        raise SimulationError(None, "must be an object")
     clean: dict[str, Any] = {}
     for key, value in params.items():
         if key in _FLOAT_KEYS:
             positive = _FLOAT_KEYS[key]
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"simulation.{key}: must be a number")
+                raise SimulationError(key, "must be a number")
             if not math.isfinite(value) or value < 0 or (positive and value == 0):
                 bound = "> 0" if positive else ">= 0"
-                raise ValueError(f"simulation.{key}: must be a finite number {bound}")
+                raise SimulationError(key, f"must be a finite number {bound}")
             clean[key] = float(value)
         elif key in _INT_KEYS:
             low = _INT_KEYS[key]
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"simulation.{key}: must be an integer")
+                raise SimulationError(key, "must be an integer")
             if low is not None and value < low:
-                raise ValueError(f"simulation.{key}: must be >= {low}")
+                raise SimulationError(key, f"must be >= {low}")
             clean[key] = value
         elif key == "text":
             if not isinstance(value, str):
-                raise ValueError("simulation.text: must be a string")
+                raise SimulationError(key, "must be a string")
             if not is_storable(value):
-                raise ValueError(f"simulation.text: {UNSTORABLE}")
+                raise SimulationError(key, UNSTORABLE)
             clean[key] = value
         else:
-            raise ValueError(
-                f"simulation.{key}: unknown key (known: {', '.join(sorted(_KNOWN_KEYS))})"
-            )
+            known = ", ".join(sorted(_KNOWN_KEYS))
+            raise SimulationError(key, f"is not a known key (known: {known})")
     return clean
 
 

@@ -62,7 +62,7 @@ def read_to_end(api: httpx.Client, message_id: str, until: str = "done") -> list
 
 
 def assert_error(response: httpx.Response, status: int, code: str | None = None, field=None):
-    """The one error shape (streaming.errors)."""
+    """The one error shape (streaming.errors); a validation error's message names its field."""
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/json")
     error = response.json()["error"]
@@ -72,4 +72,5 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None,
         assert error["code"] == code, error
     if field is not None:
         assert error.get("field") == field, error
+        assert error["message"].startswith(f"{field}: "), error
     return error

@@ -119,7 +119,7 @@ INVALID_BODIES = [
     ({"content": "hi", "params": {"stop": ["a"] * 9}}, "params.stop"),
     ({"content": "hi", "params": {"stop": [""]}}, "params.stop"),
     ({"content": "hi", "params": {"best_of": 2}}, "params.best_of"),
-    ({"content": "hi", "params": {"simulation": {"length": 0}}}, "params.simulation"),
+    ({"content": "hi", "params": {"simulation": {"length": 0}}}, "params.simulation.length"),
 ]
 
 

@@ -13,7 +13,7 @@ REST_BODIES = [
     ({"content": "zero\u0000byte"}, "content"),
     ({"content": "lone \ud800 surrogate"}, "content"),
     ({"content": "hi", "params": {"stop": ["a\u0000"]}}, "params.stop"),
-    ({"content": "hi", "params": {"simulation": {"text": "x\u0000y"}}}, "params.simulation"),
+    ({"content": "hi", "params": {"simulation": {"text": "x\u0000y"}}}, "params.simulation.text"),
 ]
 
 

@@ -21,7 +21,8 @@ from streaming.params import ParamError, validate_params
         ({"stop": 5}, "params.stop"),
         ({"seed": 1.5}, "params.seed"),
         ({"bogus": 1}, "params.bogus"),
-        ({"simulation": {"nope": 1}}, "params.simulation"),
+        ({"simulation": {"nope": 1}}, "params.simulation.nope"),
+        ({"simulation": []}, "params.simulation"),
         ([], "params"),
     ],
 )
