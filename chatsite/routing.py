@@ -18,6 +18,7 @@ http_urlpatterns = [
     ),
     path("v1/chat/completions", ChatCompletionsConsumer.as_asgi()),
     path("v1/models", ModelsConsumer.as_asgi()),
+    path("v1/models/<path:model>", ModelsConsumer.as_asgi()),
 ]
 
 websocket_urlpatterns = [

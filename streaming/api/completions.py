@@ -25,6 +25,16 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 # Our generation params, under their OpenAI names (``max_completion_tokens`` wins).
 PASSED_PARAMS = ("temperature", "top_p", "stop", "seed", "simulation")
 UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "logprobs")
+# OpenAI parameters no engine here honours, accepted only at the value that means "as if
+# absent" (what many clients send by default); any other value is refused naming it, since
+# answering while ignoring it would answer a different question.
+DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0,),
+    "presence_penalty": (0,),
+    "response_format": ({"type": "text"},),
+    "reasoning_effort": (),
+    "metadata": ({},),
+}
 
 FINISH_REASONS = {
     Status.COMPLETE.value: "stop",
@@ -120,10 +130,15 @@ def _flag(body: dict[str, Any], name: str) -> bool:
     return value
 
 
+def _same(value: Any, default: Any) -> bool:
+    """``value`` is ``default`` as JSON means it (``0`` and ``0.0``, never ``false``)."""
+    return type(value) is not bool and value == default
+
+
 def parse_request(body: Any, served: set[str]) -> CompletionRequest:
     """Validate a chat-completions body; raises ``ServiceError``s naming the field."""
     if not isinstance(body, dict):
-        raise InvalidParams("the body must be a JSON object", field="body")
+        raise InvalidParams("must be a JSON object", field="body")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidParams("must be a non-empty string", field="model")
@@ -132,6 +147,10 @@ def parse_request(body: Any, served: set[str]) -> CompletionRequest:
     for name in UNSUPPORTED:
         if body.get(name):
             raise InvalidParams("is not supported by this server", field=name)
+    for name, defaults in DEFAULT_ONLY.items():
+        if body.get(name) is not None and not any(_same(body[name], d) for d in defaults):
+            accepted = f" (only {defaults[0]!r} is accepted)" if defaults else ""
+            raise InvalidParams(f"is not supported by this server{accepted}", field=name)
     if body.get("n") not in (None, 1):
         raise InvalidParams("only n=1 is supported", field="n")
     messages = body.get("messages")

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible endpoint: ``POST /v1/chat/completions`` and ``GET /v1/models``.
+"""The OpenAI-compatible endpoint: ``POST /v1/chat/completions``, ``GET /v1/models[/<id>]``.
 
 Contract: ``Authorization: Bearer <API token>`` (the same DRF tokens as the REST API; no
 session cookie, so no CSRF). Each call is persisted like any chat: a new conversation
@@ -116,7 +116,9 @@ class OpenAIConsumer(TaskedHttpConsumer):
 
 
 class ModelsConsumer(OpenAIConsumer):
-    """``GET /v1/models``: the model the engine serves."""
+    """``GET /v1/models``: the models the engine serves; ``GET /v1/models/<id>``: one of
+    them as OpenAI's model object (``client.models.retrieve``), or a 404 naming ``model``.
+    Model ids may contain slashes (``org/name``): the route takes the rest of the path."""
 
     async def respond(self, user: Any, body: bytes) -> None:
         try:
@@ -129,7 +131,16 @@ class ModelsConsumer(OpenAIConsumer):
             {"id": m.id, "object": "model", "created": created, "owned_by": m.owned_by}
             for m in models
         ]
-        await self.reply(200, {"object": "list", "data": data})
+        wanted = self.scope.get("url_route", {}).get("kwargs", {}).get("model")
+        if wanted is None:
+            await self.reply(200, {"object": "list", "data": data})
+            return
+        for model in data:
+            if model["id"] == wanted:
+                await self.reply(200, model)
+                return
+        message = f"the model `{wanted}` does not exist"
+        await self.error(404, "model_not_found", message, field="model")
 
 
 class ChatCompletionsConsumer(OpenAIConsumer):

@@ -188,7 +188,12 @@ def test_errors_are_openai_shaped_and_name_the_field(daphne, account):
         ({"max_tokens": 0}, "max_tokens"),
         ({"stop": [""]}, "stop"),
         ({"n": 2}, "n"),
-        ({"extra_body": {"simulation": {"nope": 1}}}, "simulation"),
+        ({"extra_body": {"simulation": {"nope": 1}}}, "simulation.nope"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"presence_penalty": -1}, "presence_penalty"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"reasoning_effort": "high"}, "reasoning_effort"),
+        ({"metadata": {"team": "a"}}, "metadata"),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": "  "}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": image}]}, "messages[0].content[0]"),
@@ -203,9 +208,35 @@ def test_errors_are_openai_shaped_and_name_the_field(daphne, account):
         assert invalid.value.body["param"] == param, (overrides, invalid.value.body)
         assert invalid.value.body["field"] == param
         assert invalid.value.body["type"] == "invalid_request_error"
+        # What the SDK shows (only the message) names the parameter, as OpenAI's do.
+        assert str(invalid.value).startswith(f"Error code: 400 - {param}: "), str(invalid.value)
     with client(server, account.token) as api:
         assert api.get("/api/conversations/").json()["count"] == 0, "refused calls leave nothing"
         assert_error(api.get("/v1/chat/completions"), 405, "method_not_allowed")
+
+
+def test_models_retrieve_and_default_valued_parameters(daphne, account):
+    server = daphne()
+    ai = sdk(server, account.token)
+    model = ai.models.retrieve("simulated")
+    assert (model.id, model.object, model.owned_by) == ("simulated", "model", "simulator")
+    with pytest.raises(openai.NotFoundError) as missing:
+        ai.models.retrieve("org/other-model")
+    assert missing.value.body["param"] == "model"
+    assert missing.value.body["code"] == "model_not_found"
+    assert "org/other-model" in str(missing.value)
+
+    # The values that mean "as if absent" (what many clients send) are accepted.
+    answer = ai.chat.completions.create(
+        model="simulated",
+        messages=[{"role": "user", "content": "defaults"}],
+        frequency_penalty=0,
+        presence_penalty=0.0,
+        response_format={"type": "text"},
+        metadata={},
+        extra_body={"simulation": {"text": "ok", **FAST}},
+    )
+    assert answer.choices[0].message.content == "ok"
 
 
 def test_closing_the_sdk_stream_aborts_the_engine_request(daphne, account, emulator):
