@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "streaming",
 ]
@@ -197,6 +198,11 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Conversations, messages and their streams. See docs/protocol.md.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI and ReDoc from drf-spectacular-sidecar's static files, never a CDN: the
+    # docs work offline and load nothing from outside the server.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- streaming: one dict, documented key by key in docs/configuration.md -------------------

@@ -1,17 +1,23 @@
-"""The chat page: the one server-rendered view of the browser app.
+"""The server-rendered pages: the chat page (the one view of the browser app) and the API
+docs (Swagger UI and ReDoc, from drf-spectacular-sidecar's static files).
 
-Everything else the page does goes through the REST API and the stream transports. The
-page sets the CSRF cookie (the scripts read it for unsafe requests) and hands the scripts
-the few server settings that change what they show, so the UI never guesses them.
+Everything else the chat page does goes through the REST API and the stream transports.
+The page sets the CSRF cookie (the scripts read it for unsafe requests) and hands the
+scripts the few server settings that change what they show, so the UI never guesses them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie
+from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
 
 from streaming import selectors
 from streaming.conf import streaming_settings
@@ -33,3 +39,37 @@ async def chat(request: HttpRequest) -> HttpResponse:
         "pingInterval": streaming_settings.PING_INTERVAL,
     }
     return render(request, "chat/index.html", {"config": config, "username": config["username"]})
+
+
+# Everything from this server, nothing from anywhere else: inline scripts and styles are
+# the docs pages' own, ``blob:`` is ReDoc's search worker.
+OWN_ORIGIN_ONLY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self' 'unsafe-inline' blob:",
+        "worker-src 'self' blob:",
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data:",
+        "font-src 'self' data:",
+    ]
+)
+
+
+def own_origin_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """The view's page may load nothing from outside the server (Content-Security-Policy):
+    ReDoc's bundle shows a logo from a CDN, which the browser then never asks for."""
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        response = view(request, *args, **kwargs)
+        response["Content-Security-Policy"] = OWN_ORIGIN_ONLY
+        return response
+
+    return wrapped
+
+
+api_docs = own_origin_only(SpectacularSwaggerView.as_view(url_name="schema"))
+# drf-spectacular's ReDoc page without its Google Fonts link.
+api_redoc = own_origin_only(
+    SpectacularRedocView.as_view(url_name="schema", template_name="api/redoc.html")
+)
