@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connections, transaction
 from django.db.models import QuerySet
 
@@ -225,7 +226,8 @@ def _create_exchange(
         if conversation_id is None:
             # A new conversation, made with its messages or not at all; the owner's row is
             # locked as conversation_for(lock=True) does, for the limit's count.
-            type(user).objects.select_for_update().filter(pk=user.pk).first()
+            # (the user model's manager: ``user`` may be a session's lazy proxy)
+            get_user_model().objects.select_for_update().filter(pk=user.pk).first()
             conversation = Conversation.objects.create(owner=user)
             _notify(user.pk, "conversation.created", conversation=str(conversation.id), title="")
         else:

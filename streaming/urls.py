@@ -16,6 +16,7 @@ urlpatterns = [
         views.ConversationMessages.as_view(),
         name="messages",
     ),
+    path("messages/", views.NewConversationMessages.as_view(), name="new_conversation"),
     path("messages/<uuid:message_id>/", views.MessageDetail.as_view(), name="message"),
     path("messages/<uuid:message_id>/cancel/", views.MessageCancel.as_view(), name="cancel"),
     path("messages/<uuid:message_id>/continue/", views.MessageContinue.as_view(), name="continue"),

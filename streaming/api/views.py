@@ -58,6 +58,7 @@ STARTED = {
     409: OpenApiResponse(ErrorSerializer, description="that branch is still streaming"),
     429: OpenApiResponse(ErrorSerializer, description="too many answers streaming"),
 }
+POST_RESPONSES = {201: ExchangeSerializer, **ERRORS, 429: STARTED[429]}
 
 
 class JSONView(APIView):
@@ -190,27 +191,33 @@ class ConversationMessages(JSONView, generics.ListAPIView):
         data = MessageSerializer(messages, many=True, context={"request": request, "tree": tree})
         return self.get_paginated_response(data.data)
 
-    @extend_schema(
-        request=PostMessageSerializer,
-        responses={
-            201: ExchangeSerializer,
-            **ERRORS,
-            429: OpenApiResponse(ErrorSerializer, description="too many answers streaming"),
-        },
-        parameters=[WAIT],
-    )
+    @extend_schema(request=PostMessageSerializer, responses=POST_RESPONSES, parameters=[WAIT])
     def post(self, request: Request, conversation_id: Any) -> Response:
         """Post a user message and start the answer; the answer's ``stream`` has its URLs."""
-        wait = _wants_wait(request)
-        body = PostMessageSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        exchange = services.create_exchange(
-            request.user,
-            conversation_id,
-            body.validated_data["content"],
-            body.validated_data.get("params"),
-        )
-        return _started(request, exchange, wait, with_question=True)
+        return _post_message(request, conversation_id)
+
+
+def _post_message(request: Request, conversation_id: Any) -> Response:
+    """``conversation_id`` ``None``: in a new conversation, made with the message."""
+    wait = _wants_wait(request)
+    body = PostMessageSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    exchange = services.create_exchange(
+        request.user,
+        conversation_id,
+        body.validated_data["content"],
+        body.validated_data.get("params"),
+    )
+    return _started(request, exchange, wait, with_question=True)
+
+
+class NewConversationMessages(JSONView):
+    @extend_schema(request=PostMessageSerializer, responses=POST_RESPONSES, parameters=[WAIT])
+    def post(self, request: Request) -> Response:
+        """Start a new conversation with its first message, and its answer. The
+        conversation is made in the same transaction: a refused message leaves nothing
+        (``message.conversation`` is the new conversation's id)."""
+        return _post_message(request, None)
 
 
 class MessageDetail(JSONView):

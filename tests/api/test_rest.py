@@ -67,6 +67,32 @@ def test_post_with_wait_returns_the_final_message_with_its_record(daphne, accoun
         assert title == "Hello there"
 
 
+def test_a_new_conversation_is_made_with_its_first_message_or_not_at_all(daphne, account):
+    server = daphne(MAX_CONCURRENT_GENERATIONS_PER_USER=1)
+    with client(server, account.token) as api:
+        refused = [
+            {"content": "hi", "params": {"max_tokens": 0}},
+            {"content": "hi", "params": {"simulation": {"nope": 1}}},
+            {"content": ""},
+        ]
+        for body in refused:
+            assert_error(api.post("/api/messages/", json=body), 400)
+        assert api.get("/api/conversations/").json()["count"] == 0
+
+        created = api.post(
+            "/api/messages/", json={"content": "First line\nsecond", "params": {"simulation": SLOW}}
+        )
+        assert created.status_code == 201, created.text
+        answer = created.json()["message"]
+        assert answer["status"] == "streaming"
+        listed = api.get("/api/conversations/").json()["results"]
+        assert [(c["id"], c["title"]) for c in listed] == [(answer["conversation"], "First line")]
+        # Over the limit: a 429, and still no second conversation.
+        assert_error(api.post("/api/messages/", json={"content": "again"}), 429)
+        assert api.get("/api/conversations/").json()["count"] == 1
+        api.post(f"/api/messages/{answer['id']}/cancel/")
+
+
 def test_stream_cancel_and_continue(daphne, account):
     server = daphne()
     with client(server, account.token) as api:
