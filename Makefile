@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test install lint format bench migrate clean
+.PHONY: run demo-password test install lint format bench migrate clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,14 @@ migrate: $(VENV)/.runtime
 
 run: migrate
 	$(BIN)/python manage.py collectstatic --noinput -v0
-	$(BIN)/python manage.py ensure_demo_user --url http://$(HOST):$(PORT)/
-	$(BIN)/daphne -b $(HOST) -p $(PORT) chatsite.asgi:application
+	$(BIN)/python manage.py ensure_demo_user
+	@echo "Starting the server for http://$(HOST):$(PORT)/ (the admin is at /admin/);"
+	@echo "it is up when Daphne logs 'Listening on TCP address $(HOST):$(PORT)'."
+	DAPHNE_LOG_LEVEL=INFO $(BIN)/daphne -b $(HOST) -p $(PORT) chatsite.asgi:application
+
+# The demo user's password is stored hashed: this sets a new one and prints it.
+demo-password: migrate
+	$(BIN)/python manage.py ensure_demo_user --reset-password
 
 test: lint
 	$(BIN)/python manage.py makemigrations --check --dry-run

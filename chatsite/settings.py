@@ -242,5 +242,10 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django": {"level": "INFO"}, "daphne": {"level": "WARNING"}},
+    # DAPHNE_LOG_LEVEL=INFO shows Daphne's "Listening on TCP address ..." when it listens
+    # (make run sets it, so the quick start says when the server is up).
+    "loggers": {
+        "django": {"level": "INFO"},
+        "daphne": {"level": os.environ.get("DAPHNE_LOG_LEVEL", "WARNING")},
+    },
 }

@@ -1,4 +1,6 @@
-"""Create the demo user on first run and print how to log in (``make run``)."""
+"""Create the demo user on first run and print how to log in (``make run``); set a new
+password for it on request (``make demo-password``): passwords are stored hashed, so a
+later run cannot show the first one."""
 
 from __future__ import annotations
 
@@ -16,23 +18,32 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--username", default="demo")
         parser.add_argument(
-            "--url", default="http://127.0.0.1:8000/", help="where the server will listen"
+            "--reset-password",
+            action="store_true",
+            help="give the (existing or new) demo user a new password and print it",
         )
 
-    def handle(self, *args: Any, username: str, url: str, **options: Any) -> None:
+    def handle(self, *args: Any, username: str, reset_password: bool, **options: Any) -> None:
         User = get_user_model()
-        if User.objects.filter(username=username).exists():
-            user = User.objects.get(username=username)
+        user = User.objects.filter(username=username).first()
+        if user is not None and not reset_password:
             token, _ = Token.objects.get_or_create(user=user)
-            self.stdout.write(f"Demo user '{username}' exists. API token: {token.key}")
+            self.stdout.write(
+                f"Demo user '{username}' exists (its password was printed on the first run; "
+                f"`make demo-password` sets a new one). API token: {token.key}"
+            )
             return
         password = secrets.token_urlsafe(12)
-        user = User.objects.create_user(
-            username, password=password, is_staff=True, is_superuser=True
-        )
-        token = Token.objects.create(user=user)
+        if user is None:
+            user = User.objects.create_user(
+                username, password=password, is_staff=True, is_superuser=True
+            )
+            self.stdout.write("Created the demo user (also an admin):")
+        else:
+            user.set_password(password)
+            user.save(update_fields=["password"])
+            self.stdout.write("New password for the demo user:")
+        token, _ = Token.objects.get_or_create(user=user)
         self.stdout.write(
-            "Created the demo user (also an admin):\n"
-            f"  username: {username}\n  password: {password}\n  API token: {token.key}\n"
-            f"Open {url} and log in; the admin is at {url.rstrip('/')}/admin/."
+            f"  username: {username}\n  password: {password}\n  API token: {token.key}"
         )
