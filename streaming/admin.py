@@ -5,7 +5,8 @@ Messages are records of what happened, so they are read-only here; only a conver
 title and system prompt are editable. Stop and delete are the same services the API uses
 (``services.stop_answers``, ``services.delete_conversations``): they reach the generating
 process wherever it runs, and the engine request is aborted there. The in-flight list
-lives at ``/admin/streaming/message/in-flight/``.
+lives at ``/admin/streaming/message/in-flight/``, linked from the conversation and message
+lists (``frontend/templates/admin/``).
 Model output is shown as text (escaped), never as HTML.
 """
 
@@ -126,6 +127,8 @@ class MessageInline(ReadOnlyInline, admin.StackedInline):
 
     @admin.display(description="termination record")
     def termination_record(self, message: Message) -> SafeString:
+        if message.role != Message.Role.ASSISTANT:
+            return format_html("<em>{}</em>", "only answers have one")
         return termination_html(message.termination)
 
     @admin.display(description="segments")
@@ -153,10 +156,10 @@ class ConversationAdmin(admin.ModelAdmin):
     search_fields = ["title", "messages__content", "owner__username"]
     list_select_related = ["owner"]
     fields = [
-        "owner", "title", "title_source", "system_prompt", "model", "branches", "created_at",
+        "owner", "title", "title_source", "system_prompt", "models", "branches", "created_at",
         "updated_at",
     ]  # fmt: skip
-    readonly_fields = ["owner", "title_source", "model", "branches", "created_at", "updated_at"]
+    readonly_fields = ["owner", "title_source", "models", "branches", "created_at", "updated_at"]
     inlines = [MessageInline]
 
     @admin.display(description="messages as a tree (▶ the branch shown)")
@@ -184,6 +187,20 @@ class ConversationAdmin(admin.ModelAdmin):
                 ),
             ),
         )
+
+    @admin.display(description="model")
+    def models(self, conversation: Conversation) -> str:
+        """The conversation's fixed model, else the models its answers name."""
+        if conversation.model:
+            return conversation.model
+        named = (
+            conversation.messages.filter(role=Message.Role.ASSISTANT)
+            .exclude(model="")
+            .order_by("model")
+            .values_list("model", flat=True)
+            .distinct()
+        )
+        return ", ".join(named) or "-"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Conversation]:
         last = Message.objects.filter(
@@ -233,8 +250,21 @@ class MessageAdmin(StopPermission, admin.ModelAdmin):
         "conversation", "parent", "role", "status", "content", "termination_record", "params",
         "model", "last_seq", "created_at", "updated_at",
     )  # fmt: skip
+    # What only an answer has: a user message shows none of it rather than "none yet".
+    ANSWER_ONLY = ("status", "termination_record", "params", "model", "last_seq")
     inlines = [SegmentInline]
     actions = [stop_generation]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)
+        if obj is not None and obj.role != Message.Role.ASSISTANT:
+            return [f for f in fields if f not in self.ANSWER_ONLY]
+        return fields
+
+    def get_inlines(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is not None and obj.role != Message.Role.ASSISTANT:
+            return []
+        return super().get_inlines(request, obj)
 
     @admin.display(description="owner", ordering="conversation__owner__username")
     def owner(self, message: Message) -> str:
