@@ -55,12 +55,24 @@ class ChatPage:
         if not settings.evaluate("node => node.open"):
             settings.locator("summary").click()
         page.get_by_label("Max tokens").fill("" if max_tokens is None else str(max_tokens))
-        page.get_by_label("Simulation (JSON)").fill(json.dumps(simulation) if simulation else "")
+        if simulation:
+            self.simulate(**simulation)
         box = page.get_by_label("Message", exact=True)
         box.fill(content)
         box.press("Enter")
         expect(answers).to_have_count(before + 1)
         return answers.nth(before)
+
+    def simulate(self, **simulation: Any) -> None:
+        """Script the next answer (the Developer switch's simulation settings)."""
+        page = self.page
+        settings = page.locator("#settings")
+        if not settings.evaluate("node => node.open"):
+            settings.locator("summary").click()
+        page.get_by_label("Developer").check()
+        page.get_by_label("Simulation (JSON, for the next message only)").fill(
+            json.dumps(simulation)
+        )
 
     @staticmethod
     def content(bubble: Locator) -> Locator:

@@ -59,17 +59,23 @@ def relay_factory() -> Iterator[Callable[[int], Relay]]:
 
 @pytest.fixture
 def open_chat(daphne, account, chromium) -> Iterator[Callable[..., ChatPage]]:
-    """``open_chat(server=None, base_url=None, viewport=None)``: a logged-in chat page.
+    """``open_chat(server=None, base_url=None, viewport=None, **context options)``: a
+    logged-in chat page (``is_mobile=True, has_touch=True`` for a phone).
 
     The argument order matters: the user exists before Chromium starts (module docstring).
     """
     contexts: list[Any] = []
 
     def open_(
-        server: Any = None, *, base_url: str | None = None, viewport: dict[str, int] | None = None
+        server: Any = None,
+        *,
+        base_url: str | None = None,
+        viewport: dict[str, int] | None = None,
+        **options: Any,
     ) -> ChatPage:
         server = server or daphne()
-        context = chromium.new_context(viewport=viewport or {"width": 1280, "height": 800})
+        viewport = viewport or {"width": 1280, "height": 800}
+        context = chromium.new_context(viewport=viewport, **options)
         context.set_default_timeout(45_000)
         contexts.append(context)
         chat = ChatPage(context, base_url or server.url, server.url, account.token)

@@ -44,6 +44,34 @@ def test_conversations_new_rename_delete_newest_first(open_chat):
     expect(chat.content(page.locator("article.assistant"))).to_have_text("one")
 
 
+def test_the_list_loads_a_page_at_a_time_and_a_send_refetches_one_entry(daphne, open_chat, account):
+    server = daphne()
+    with httpx.Client(base_url=server.url, timeout=30) as api:
+        headers = {"Authorization": f"Token {account.token}"}
+        for i in range(60):
+            created = api.post("/api/conversations/", json={"title": f"old {i}"}, headers=headers)
+            assert created.status_code == 201
+    chat = open_chat(server)
+    page = chat.page
+    titles = page.locator("#conversation-list .open")
+    expect(titles).to_have_count(50)
+    lists: list[str] = []
+    page.on(
+        "request",
+        lambda r: "/api/conversations/" in r.url and r.method == "GET" and lists.append(r.url),
+    )
+    answer = chat.ask("newest", text="ok", tokens_per_second=200)
+    expect(answer).to_have_attribute("data-status", "complete")
+    expect(titles.first).to_have_text("newest")
+    conversation = answer.evaluate("n => location.hash.slice(4)")
+    assert lists == [f"{server.url}/api/conversations/{conversation}/"], lists
+
+    titles.last.scroll_into_view_if_needed()
+    expect(titles).to_have_count(61)
+    expect(titles.last).to_have_text("old 0")
+    assert lists[1:] == [f"{server.url}/api/conversations/?page=2"], lists
+
+
 def test_composer_is_disabled_with_the_reason_while_the_engine_is_down(open_chat, daphne):
     # Port 9 (discard) is closed here: the engine never answers its health check.
     chat = open_chat(daphne(ENGINE_URL="http://127.0.0.1:9", ENGINE_MODEL="m"))

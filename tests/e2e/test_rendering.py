@@ -73,3 +73,56 @@ def test_markdown_subset_and_an_unclosed_fence_while_cut_off(open_chat):
     chat.screenshot("markdown")
     assert chat.server_message(answer)["content"] == MARKDOWN
     assert chat.errors == []
+
+
+def test_each_line_of_a_message_takes_its_own_direction(open_chat):
+    chat = open_chat()
+    page = chat.page
+    box = page.get_by_label("Message", exact=True)
+    box.fill("日本語の最初の行\nمرحبا بك في السطر الثاني")
+    chat.simulate(text="こんにちは\n\nمرحبا بك", tokens_per_second=200)
+    box.press("Enter")
+    lines = page.locator("article.user .bubble > *")
+    expect(lines).to_have_count(2)
+    directions = lines.evaluate_all("nodes => nodes.map(n => getComputedStyle(n).direction)")
+    assert directions == ["ltr", "rtl"]
+    answer = page.locator("article.assistant")
+    expect(answer).to_have_attribute("data-status", "complete")
+    blocks = chat.content(answer).locator("p")
+    assert blocks.evaluate_all("ns => ns.map(n => getComputedStyle(n).direction)") == [
+        "ltr",
+        "rtl",
+    ]
+
+
+CODE = "Here:\n\n```python\ndef f():\n    return 1\n```\n\nDone."
+
+
+def test_the_streaming_cursor_follows_the_last_character_of_an_open_code_block(open_chat):
+    chat = open_chat()
+    # Silent after the code block's last line: the answer streams on with the fence open.
+    answer = chat.ask("code", text=CODE, stall_after_tokens=12, tokens_per_second=100)
+    content = chat.content(answer)
+    code = content.locator(".code-block pre code")
+    expect(code).to_contain_text("return 1")
+    expect(content.locator(".code-block")).to_have_attribute("data-open", "true")
+    cursor = content.locator(".cursor")
+    expect(cursor).to_have_count(1)
+    placed = cursor.evaluate(
+        """node => {
+          const code = node.closest("pre code");
+          const rect = node.getBoundingClientRect();
+          const box = code && code.getBoundingClientRect();
+          const line = code && parseFloat(getComputedStyle(code).lineHeight);
+          return {
+            inCode: Boolean(code),
+            last: code && code.lastChild === node,
+            onLastLine: code && rect.bottom <= box.bottom + 1 && rect.top >= box.bottom - 2 * line,
+          };
+        }"""
+    )
+    assert placed == {"inCode": True, "last": True, "onLastLine": True}, placed
+    assert content.inner_text().endswith("return 1")
+    chat.page.get_by_role("button", name="Stop").click()
+    expect(answer).to_have_attribute("data-status", "cancelled")
+    expect(cursor).to_have_count(0)

@@ -39,15 +39,13 @@ def test_answer_appears_as_it_streams(open_chat, transport):
     box.press_sequentially("line one")
     box.press("Shift+Enter")
     box.press_sequentially("line two")
-    settings = page.locator("#settings")
-    settings.locator("summary").click()
     text = " ".join(f"word{i}" for i in range(40))
-    page.get_by_label("Simulation (JSON)").fill(
-        f'{{"text": "{text}", "tokens_per_second": 40, "ttft_ms": 50}}'
-    )
+    chat.simulate(text=text, tokens_per_second=40, ttft_ms=50)
     box.press("Enter")
 
-    expect(page.locator("article.user").last).to_have_text("line one\nline two")
+    expect(page.locator("article.user").last).to_have_text(
+        "line one\nline two", use_inner_text=True
+    )
     answer = page.locator("article.assistant").last
     content = chat.content(answer)
     expect(content).to_contain_text("word0 word1")
@@ -222,3 +220,31 @@ def test_engine_failures_are_named(open_chat, daphne):
         "Connection lost",
         "Server restarted",
     ]
+
+
+def test_stop_while_offline_is_sent_once_back_and_banners_clear_themselves(open_chat):
+    chat = open_chat()
+    page = chat.page
+    answer = chat.ask("count", text=COUNTING, stall_after_tokens=6, tokens_per_second=100)
+    content = chat.content(answer)
+    expect(content).to_have_text("One two three four five six")
+
+    chat.context.set_offline(True)
+    page.get_by_role("button", name="Stop").click()
+    state = answer.locator(".stream-state")
+    expect(state).to_contain_text("Stop will be sent when the connection is back.")
+    # A rename meanwhile cannot reach the server either: a banner says so.
+    page.get_by_role("button", name="Rename count").click()
+    page.get_by_label("Conversation title").fill("counting")
+    page.get_by_label("Conversation title").press("Enter")
+    notice = page.locator("#notice")
+    expect(notice).to_contain_text("The server could not be reached.")
+    chat.screenshot("stop-while-offline")
+    assert chat.server_message(answer)["status"] == "streaming"
+
+    chat.context.set_offline(False)
+    expect(answer).to_have_attribute("data-status", "cancelled")
+    expect(answer.locator(".cut-off")).to_contain_text("Stopped by you")
+    expect(notice).to_be_hidden()
+    assert chat.server_message(answer)["status"] == "cancelled"
+    assert chat.errors == []

@@ -2,11 +2,19 @@
 
 export class ApiError extends Error {
   constructor(status, body) {
-    const detail = body && body.error ? body.error.message : `request failed (${status})`;
-    super(detail);
+    const error = body && body.error ? body.error : null;
+    super(error ? error.message : `request failed (${status})`);
     this.status = status;
-    this.code = body && body.error ? body.error.code : "error";
+    this.code = error ? error.code : "error";
+    // The offending field of a validation error; `message` then starts with "<field>: ".
+    this.field = error && error.field ? error.field : null;
   }
+}
+
+/** The sign-in page, coming back to exactly this place (the hash names the conversation). */
+export function signIn() {
+  const here = location.pathname + location.search + location.hash;
+  window.location.assign(`/accounts/login/?next=${encodeURIComponent(here)}`);
 }
 
 function csrfToken() {
@@ -30,7 +38,7 @@ export async function request(method, path, body) {
   if (response.status === 401 || response.status === 403) {
     const data = await response.json().catch(() => null);
     if (response.status === 401 || (data && data.error && data.error.code === "not_authenticated")) {
-      window.location.assign(`/accounts/login/?next=${encodeURIComponent(location.pathname)}`);
+      signIn();
     }
     throw new ApiError(response.status, data);
   }
@@ -44,18 +52,25 @@ async function allPages(path) {
   const items = [];
   let next = path;
   while (next) {
-    const page = await request("GET", next);
-    items.push(...page.results);
-    // Follow `next` on this origin only, whatever host name the server put in it.
-    const url = page.next ? new URL(page.next, location.href) : null;
-    next = url ? url.pathname + url.search : null;
+    const data = await page(next);
+    items.push(...data.results);
+    next = data.next;
   }
   return items;
 }
 
+/** One page of a list: `{results, next}`, `next` a path on this origin or null. */
+async function page(path) {
+  const data = await request("GET", path);
+  // Follow `next` on this origin only, whatever host name the server put in it.
+  const url = data.next ? new URL(data.next, location.href) : null;
+  return { results: data.results, next: url ? url.pathname + url.search : null };
+}
+
 export const conversations = {
-  list: () => allPages("/api/conversations/"),
-  create: () => request("POST", "/api/conversations/", {}),
+  /** Newest activity first, a page at a time (`next` from the previous page). */
+  page: (next) => page(next || "/api/conversations/"),
+  get: (id) => request("GET", `/api/conversations/${id}/`),
   rename: (id, title) => request("PATCH", `/api/conversations/${id}/`, { title }),
   remove: (id) => request("DELETE", `/api/conversations/${id}/`),
   messages: (id) => allPages(`/api/conversations/${id}/messages/`),
@@ -64,6 +79,8 @@ export const conversations = {
 export const messages = {
   post: (conversationId, content, params) =>
     request("POST", `/api/conversations/${conversationId}/messages/`, { content, params }),
+  /** The first message of a new conversation: made together, or not at all. */
+  start: (content, params) => request("POST", "/api/messages/", { content, params }),
   get: (id) => request("GET", `/api/messages/${id}/`),
   cancel: (id) => request("POST", `/api/messages/${id}/cancel/`),
   continue: (id) => request("POST", `/api/messages/${id}/continue/`),

@@ -4,6 +4,9 @@
 
 import { ApiError, conversations, messages, readiness } from "./api.js";
 import { AssistantBubble, userBubble } from "./bubble.js";
+import { Drafts } from "./drafts.js";
+import { describe } from "./errors.js";
+import { Notice } from "./notice.js";
 import { Sidebar } from "./sidebar.js";
 import { MessageStream } from "./stream.js";
 import { chatSocket } from "./transports/ws.js";
@@ -19,6 +22,7 @@ const sendButton = $("send");
 const stopButton = $("stop");
 const reasonLine = $("composer-reason");
 const notice = $("notice");
+const drafts = new Drafts(input);
 const titleLine = $("conversation-title");
 const ttftLine = $("ttft");
 const maxTokensInput = $("max-tokens");
@@ -35,6 +39,9 @@ const state = {
   ready: true,
   sending: false,
   loads: 0,
+  // The sidebar's next page of conversations (a path), while one is being fetched.
+  nextPage: null,
+  loadingPage: false,
 };
 
 // --- transport switch ------------------------------------------------------------------
@@ -50,30 +57,35 @@ for (const radio of document.querySelectorAll('input[name="transport"]')) {
 }
 
 // --- notices ---------------------------------------------------------------------------
+// One banner above the composer. A failure to reach the server clears itself once the
+// server answers again; any banner can be dismissed.
+const notices = new Notice(notice);
+
 function showNotice(text) {
-  notice.textContent = text;
-  notice.hidden = !text;
+  notices.show(text);
 }
 
-function describe(error) {
-  return error instanceof ApiError ? error.message : "The server could not be reached.";
+function showError(error) {
+  notices.show(describe(error), { unreachable: !(error instanceof ApiError) });
 }
 
 // --- sidebar ---------------------------------------------------------------------------
 const sidebar = new Sidebar($("conversation-list"), {
   rename: async (id, title) => {
     try {
-      await conversations.rename(id, title);
+      sidebar.upsert(await conversations.rename(id, title));
     } catch (error) {
-      showNotice(describe(error));
+      showError(error);
+      sidebar.render();
     }
-    await refreshConversations();
+    showTitle();
   },
   remove: async (id) => {
     try {
       await conversations.remove(id);
     } catch (error) {
-      showNotice(describe(error));
+      showError(error);
+      return;
     }
     for (const [messageId, entry] of state.live) {
       if (entry.conversationId === id) {
@@ -81,20 +93,45 @@ const sidebar = new Sidebar($("conversation-list"), {
         state.live.delete(messageId);
       }
     }
+    sidebar.forget(id);
     if (state.conversationId === id) location.hash = "";
-    await refreshConversations();
   },
+  more: () => loadConversations(state.nextPage),
 });
 
-async function refreshConversations() {
+/** The first page of conversations, or (`next`) the page after those shown. */
+async function loadConversations(next = null) {
+  if (state.loadingPage) return;
+  state.loadingPage = true;
   try {
-    const list = await conversations.list();
-    sidebar.show(list, state.conversationId);
-    const current = list.find((c) => c.id === state.conversationId);
-    titleLine.textContent = current ? current.title || "Untitled" : "New conversation";
+    const page = await conversations.page(next);
+    if (next) sidebar.append(page.results, Boolean(page.next));
+    else sidebar.reset(page.results, Boolean(page.next));
+    sidebar.select(state.conversationId);
+    state.nextPage = page.next;
+    showTitle();
   } catch (error) {
-    showNotice(describe(error));
+    showError(error);
+  } finally {
+    state.loadingPage = false;
   }
+}
+
+/** A conversation got a message (or a title): fetch that one entry, not the list. */
+async function conversationChanged(id) {
+  try {
+    sidebar.upsert(await conversations.get(id));
+    sidebar.select(state.conversationId);
+    showTitle();
+  } catch (error) {
+    showError(error);
+  }
+}
+
+function showTitle(conversation = sidebar.find(state.conversationId)) {
+  titleLine.textContent = state.conversationId
+    ? (conversation && conversation.title) || "Untitled"
+    : "New conversation";
 }
 
 // A new conversation is created with its first message, so no empty ones pile up.
@@ -114,10 +151,23 @@ function setSidebarOpen(open) {
 }
 
 // --- the message log -------------------------------------------------------------------
-function conversationFromHash() {
-  const match = /^#\/c\/([0-9a-f-]{36})$/.exec(location.hash);
-  return match ? match[1] : null;
+/**
+ * The route in the URL's hash: a conversation id, `null` for a new conversation (no hash,
+ * `#` or `#/`), or `undefined` for any other fragment - an in-page anchor, not a route,
+ * which leaves the open conversation as it is.
+ */
+function routeFromHash() {
+  const hash = location.hash;
+  if (hash === "" || hash === "#" || hash === "#/") return null;
+  const match = /^#\/c\/([0-9a-f-]{36})$/.exec(hash);
+  return match ? match[1] : undefined;
 }
+
+// The skip link moves focus, not the URL: a changed hash would read as another route.
+document.querySelector(".skip-link").addEventListener("click", (e) => {
+  e.preventDefault();
+  input.focus();
+});
 
 function nearBottom() {
   return log.scrollHeight - log.scrollTop - log.clientHeight < 80;
@@ -132,26 +182,27 @@ function keepScrolled(action) {
 async function openConversation(id) {
   const load = ++state.loads;
   state.conversationId = id;
+  drafts.open(id);
   setSidebarOpen(false);
   sidebar.select(id);
   log.replaceChildren();
   ttftLine.textContent = "";
-  showNotice("");
+  notices.clear();
   updateControls();
-  if (!id) {
-    titleLine.textContent = "New conversation";
-    return;
-  }
+  showTitle();
+  if (!id) return;
   let loaded;
   try {
     loaded = await conversations.messages(id);
   } catch (error) {
-    if (load === state.loads) showNotice(error.status === 404 ? "This conversation does not exist." : describe(error));
+    if (load !== state.loads) return;
+    if (error.status === 404) showNotice("This conversation does not exist.");
+    else showError(error);
     return;
   }
   if (load !== state.loads) return;
-  const title = sidebar.conversations.find((c) => c.id === id);
-  titleLine.textContent = title ? title.title || "Untitled" : titleLine.textContent;
+  if (sidebar.find(id)) showTitle();
+  else conversations.get(id).then((c) => load === state.loads && showTitle(c), () => {});
   for (const message of loaded) {
     if (message.role !== "assistant") {
       log.append(userBubble(message));
@@ -197,7 +248,10 @@ function follow(bubble, conversationId, after, startedAt) {
       }
       keepScrolled(() => bubble.event(event));
     },
-    connection: (connection, detail) => bubble.connection(connection, detail),
+    connection: (connection, detail) => {
+      bubble.connection(connection, detail);
+      if (connection === "live") recovered();
+    },
     ended: (record) => {
       keepScrolled(() => bubble.ended(record));
       finish();
@@ -224,7 +278,7 @@ async function continueAnswer(bubble) {
     answer = await messages.continue(bubble.id);
   } catch (error) {
     bubble.continueButton.disabled = false;
-    showNotice(describe(error));
+    showError(error);
     return;
   }
   bubble.setStreaming();
@@ -246,8 +300,8 @@ function generationParams() {
   const params = {};
   const maxTokens = maxTokensInput.value.trim();
   if (maxTokens) params.max_tokens = Number(maxTokens);
-  const simulation = simulationInput.value.trim();
-  if (config.simulation && simulation) params.simulation = JSON.parse(simulation);
+  const simulation = developerMode() ? simulationInput.value.trim() : "";
+  if (simulation) params.simulation = JSON.parse(simulation);
   return params;
 }
 
@@ -263,37 +317,75 @@ async function send() {
   }
   state.sending = true;
   updateControls();
-  showNotice("");
+  notices.clear();
+  const startedIn = state.conversationId;
   try {
-    let conversationId = state.conversationId;
-    if (!conversationId) {
-      conversationId = (await conversations.create()).id;
-      state.conversationId = conversationId;
-      history.pushState(null, "", `#/c/${conversationId}`);
-    }
     const askedAt = performance.now();
-    const exchange = await messages.post(conversationId, content, params);
-    input.value = "";
-    autosize();
-    if (state.conversationId === conversationId) {
+    // A new conversation is made with its first message, or not at all: a refused
+    // message leaves no empty conversation behind.
+    const exchange = startedIn
+      ? await messages.post(startedIn, content, params)
+      : await messages.start(content, params);
+    const conversationId = exchange.message.conversation;
+    drafts.sent(startedIn);
+    // The simulation settings are for one message: they never stick to the next ones.
+    simulationInput.value = "";
+    if (state.conversationId === startedIn) {
+      input.value = "";
+      autosize();
+      if (!startedIn) {
+        state.conversationId = conversationId;
+        drafts.open(conversationId);
+        history.pushState(null, "", `#/c/${conversationId}`);
+      }
       const bubble = assistantBubble({ ...exchange.message, content: "" });
       log.append(userBubble(exchange.user_message), bubble.node);
       log.scrollTop = log.scrollHeight;
       follow(bubble, conversationId, 0, askedAt);
     }
-    refreshConversations();
+    conversationChanged(conversationId);
   } catch (error) {
-    showNotice(describe(error));
+    showError(error);
   } finally {
     state.sending = false;
     updateControls();
   }
 }
 
+// --- Stop ----------------------------------------------------------------------------
+// A Stop that cannot reach the server is kept and sent again as soon as the server can be
+// reached (the browser is online again, or readiness answers): it is never dropped.
+const pendingStops = new Set();
+
 function stop() {
-  for (const entry of streamingHere()) {
-    messages.cancel(entry.bubble.id).catch((error) => showNotice(describe(error)));
+  for (const entry of streamingHere()) requestStop(entry.bubble.id);
+}
+
+async function requestStop(messageId) {
+  const entry = state.live.get(messageId);
+  if (!entry) {
+    pendingStops.delete(messageId);
+    return;
   }
+  entry.bubble.stopping(false);
+  try {
+    await messages.cancel(messageId);
+    pendingStops.delete(messageId);
+  } catch (error) {
+    if (error instanceof ApiError) {
+      pendingStops.delete(messageId);
+      showError(error);
+    } else {
+      pendingStops.add(messageId);
+      entry.bubble.stopping(true);
+    }
+  }
+}
+
+/** The server answered again: retry what could not reach it, drop what said it could not. */
+function recovered() {
+  notices.clear({ unreachable: true });
+  for (const messageId of [...pendingStops]) requestStop(messageId);
 }
 
 function autosize() {
@@ -305,8 +397,11 @@ $("composer").addEventListener("submit", (e) => {
   e.preventDefault();
   send();
 });
+// On a touch keyboard Enter is the newline key (there is no Shift): the Send button sends.
+const touchKeyboard = window.matchMedia("(hover: none) and (pointer: coarse)");
+input.enterKeyHint = touchKeyboard.matches ? "enter" : "send";
 input.addEventListener("keydown", (e) => {
-  if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+  if (e.key === "Enter" && !e.shiftKey && !e.isComposing && !touchKeyboard.matches) {
     e.preventDefault();
     send();
   } else if (e.key === "Escape" && !stopButton.hidden) {
@@ -315,11 +410,31 @@ input.addEventListener("keydown", (e) => {
   }
 });
 input.addEventListener("input", autosize);
+input.addEventListener("draft", autosize);
 stopButton.addEventListener("click", stop);
+
+// The simulation settings are a developer tool: behind the Developer switch, which exists
+// only while the simulated engine runs.
+const developerSwitch = $("developer");
+const DEVELOPER_KEY = "chat.developer";
+
+function developerMode() {
+  return config.simulation && developerSwitch.checked;
+}
+
+function showDeveloper() {
+  for (const node of document.querySelectorAll(".developer-only")) node.hidden = !developerMode();
+}
 
 if (config.simulation) {
   for (const node of document.querySelectorAll(".simulation-only")) node.hidden = false;
+  developerSwitch.checked = localStorage.getItem(DEVELOPER_KEY) === "on";
+  developerSwitch.addEventListener("change", () => {
+    localStorage.setItem(DEVELOPER_KEY, developerSwitch.checked ? "on" : "off");
+    showDeveloper();
+  });
 }
+showDeveloper();
 maxTokensInput.max = String(config.maxTokensCap);
 maxTokensInput.placeholder = String(config.defaultMaxTokens);
 
@@ -345,6 +460,7 @@ async function checkReadiness() {
     result = null;
   }
   state.ready = Boolean(result && result.ok);
+  if (result) recovered();
   const reason = state.ready ? "" : unreadyReason(result && result.body);
   reasonLine.textContent = reason;
   reasonLine.hidden = !reason;
@@ -361,8 +477,11 @@ setInterval(() => {
 }, READY_POLL_MS);
 
 // --- start -----------------------------------------------------------------------------
-window.addEventListener("hashchange", () => openConversation(conversationFromHash()));
+window.addEventListener("hashchange", () => {
+  const route = routeFromHash();
+  if (route !== undefined) openConversation(route);
+});
 
-await Promise.all([checkReadiness(), refreshConversations()]);
-await openConversation(conversationFromHash());
+await Promise.all([checkReadiness(), loadConversations()]);
+await openConversation(routeFromHash() ?? null);
 document.documentElement.dataset.ready = "true";

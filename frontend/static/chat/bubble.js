@@ -4,11 +4,14 @@ import { el } from "./dom.js";
 import { MarkdownView } from "./markdown.js";
 import { cutOffReason } from "./termination.js";
 
+/** What the person wrote, one block per line: each takes its own direction (`dir="auto"`),
+ * so an Arabic line after a Japanese one is laid out right to left. */
 export function userBubble(message) {
+  const lines = message.content.split("\n").map((line) => el("p", { class: "plain", dir: "auto" }, line));
   return el(
     "article",
     { class: "message user", "data-message-id": message.id, "aria-label": "You said" },
-    el("div", { class: "bubble" }, el("p", { class: "plain", dir: "auto" }, message.content)),
+    el("div", { class: "bubble" }, lines),
   );
 }
 
@@ -59,6 +62,7 @@ export class AssistantBubble {
 
   /** Start (or restart, for Continue) a streaming segment in this same bubble. */
   setStreaming() {
+    this.stop = null;
     this.status = "streaming";
     this.node.dataset.status = "streaming";
     this.cutOff.hidden = true;
@@ -66,9 +70,27 @@ export class AssistantBubble {
   }
 
   connection(state, detail) {
-    this.state.textContent = CONNECTION_WORDS[state] ?? "";
+    this.connectionState = state;
     this.state.title = state === "reconnecting" && detail ? detail : "";
     this.node.dataset.connection = state;
+    this.showState();
+  }
+
+  /** A Stop was asked for: `pending` while it could not reach the server yet. */
+  stopping(pending) {
+    this.stop = pending ? "pending" : "sent";
+    this.showState();
+  }
+
+  showState() {
+    const words = CONNECTION_WORDS[this.connectionState] ?? "";
+    const stop =
+      this.stop === "pending"
+        ? "Stop will be sent when the connection is back."
+        : this.stop === "sent"
+          ? "Stopping…"
+          : "";
+    this.state.textContent = [words, stop].filter(Boolean).join(" ");
   }
 
   event(event) {
@@ -104,7 +126,10 @@ export class AssistantBubble {
     this.status = record.status || this.status;
     this.node.dataset.status = this.status;
     this.node.dataset.connection = "";
+    this.connectionState = null;
+    this.stop = null;
     this.state.textContent = "";
+    this.markdown.update(this.text, false);
     const reason = cutOffReason(record, this.config);
     this.cutOff.hidden = reason === null;
     if (reason !== null) {
@@ -123,6 +148,6 @@ export class AssistantBubble {
 
   render() {
     this.pending = false;
-    this.markdown.update(this.text);
+    this.markdown.update(this.text, this.status === "streaming");
   }
 }

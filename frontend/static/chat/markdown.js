@@ -213,16 +213,35 @@ function renderBlock(block) {
 }
 
 /**
+ * The element the streaming cursor goes into: the innermost element that ends the block,
+ * so the cursor sits right after the last character (inside an open code block's last
+ * line, after a list's last word), not on a line of its own below it.
+ */
+function cursorHost(block) {
+  let host = block;
+  for (;;) {
+    let last = host.lastChild;
+    while (last && last.nodeType === Node.TEXT_NODE && last.data.trim() === "") last = last.previousSibling;
+    if (!last || last.nodeType !== Node.ELEMENT_NODE || last.matches("button, br, .code-head")) return host;
+    host = last;
+  }
+}
+
+/**
  * Renders a growing text into a container. Blocks whose source did not change keep their
  * nodes (and focus, selection, a pressed copy button); only the changed tail is rebuilt.
+ * While `streaming`, a cursor (an empty element: it adds nothing to the text) follows the
+ * last character.
  */
 export class MarkdownView {
   constructor(container) {
     this.container = container;
     this.sources = [];
+    this.cursor = el("span", { class: "cursor", "aria-hidden": "true" });
   }
 
-  update(text) {
+  update(text, streaming = false) {
+    this.cursor.remove();
     const blocks = parseBlocks(text);
     let keep = 0;
     while (keep < blocks.length && keep < this.sources.length && blocks[keep].source === this.sources[keep]) {
@@ -232,5 +251,7 @@ export class MarkdownView {
     while (children.length > keep) children[children.length - 1].remove();
     for (const block of blocks.slice(keep)) this.container.append(renderBlock(block));
     this.sources = blocks.map((b) => b.source);
+    const last = this.container.lastElementChild;
+    if (streaming && last) cursorHost(last).append(this.cursor);
   }
 }

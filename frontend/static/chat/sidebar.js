@@ -1,24 +1,61 @@
-// The conversation list: newest first; open, rename in place, delete.
+// The conversation list: newest activity first, a page at a time; open, rename in place,
+// delete. It holds the conversations it was given and changes one of them at a time: a
+// send or a rename updates that entry, never refetches the list.
 
 import { el } from "./dom.js";
 
 export class Sidebar {
   constructor(list, handlers) {
     this.list = list;
-    this.handlers = handlers; // {open(id), rename(id, title), remove(id)}
+    this.handlers = handlers; // {rename(id, title), remove(id), more()}
     this.conversations = [];
     this.current = null;
+    this.hasMore = false;
+    // The end of the list: when it scrolls into view, the next page is asked for.
+    this.more = el("li", { class: "more", "aria-hidden": "true" });
+    this.watcher = new IntersectionObserver((entries) => {
+      if (this.hasMore && entries.some((e) => e.isIntersecting)) this.handlers.more();
+    });
+    this.watcher.observe(this.more);
   }
 
-  show(conversations, current) {
-    this.conversations = conversations;
-    this.current = current;
-    this.list.replaceChildren(...conversations.map((c) => this.item(c)));
+  /** The first page (again): replaces what is shown. */
+  reset(conversations, hasMore) {
+    this.conversations = [...conversations];
+    this.hasMore = hasMore;
+    this.render();
+  }
+
+  /** A further page, after what is shown. */
+  append(conversations, hasMore) {
+    const known = new Set(this.conversations.map((c) => c.id));
+    this.conversations.push(...conversations.filter((c) => !known.has(c.id)));
+    this.hasMore = hasMore;
+    this.render();
+  }
+
+  /** A conversation that changed (new message, new title): it moves to the top. */
+  upsert(conversation) {
+    this.conversations = [conversation, ...this.conversations.filter((c) => c.id !== conversation.id)];
+    this.render();
+  }
+
+  forget(id) {
+    this.conversations = this.conversations.filter((c) => c.id !== id);
+    this.render();
+  }
+
+  find(id) {
+    return this.conversations.find((c) => c.id === id);
+  }
+
+  render() {
+    this.list.replaceChildren(...this.conversations.map((c) => this.item(c)), this.more);
   }
 
   select(current) {
     this.current = current;
-    for (const item of this.list.children) {
+    for (const item of this.list.querySelectorAll(".conversation")) {
       const selected = item.dataset.id === current;
       item.classList.toggle("current", selected);
       const open = item.querySelector(".open");

@@ -1,0 +1,128 @@
+"""The message box: the skip link, refused first messages, errors that name the field, and
+the composer on a phone (touch keyboard, placeholder, settings)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+pytestmark = pytest.mark.e2e
+
+PHONE = {"width": 390, "height": 844}
+
+
+def listed_conversations(chat) -> list[dict]:
+    response = httpx.get(
+        f"{chat.api_url}/api/conversations/",
+        headers={"Authorization": f"Token {chat.token}"},
+        timeout=10,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["results"]
+
+
+def test_the_skip_link_keeps_the_open_conversation(open_chat):
+    chat = open_chat()
+    page = chat.page
+    answer = chat.ask("first", text="one", tokens_per_second=200)
+    expect(answer).to_have_attribute("data-status", "complete")
+    url = page.url
+    assert "#/c/" in url
+
+    skip = page.get_by_role("link", name="Skip to the message box")
+    skip.focus()
+    page.keyboard.press("Enter")
+    box = page.get_by_label("Message", exact=True)
+    expect(box).to_be_focused()
+    assert page.url == url, "the skip link changed the route"
+    expect(page.locator("article.assistant")).to_have_count(1)
+
+    box.fill("second")
+    box.press("Enter")
+    expect(page.locator("article.assistant")).to_have_count(2)
+    expect(page.locator("article.assistant").last).to_have_attribute("data-status", "complete")
+    assert page.url == url
+    assert len(listed_conversations(chat)) == 1, "the next message started a new conversation"
+
+
+def test_a_refused_first_message_leaves_no_conversation_and_names_the_field(open_chat, daphne):
+    chat = open_chat(daphne(MAX_CONCURRENT_GENERATIONS_PER_USER="1"))
+    page = chat.page
+    notice = page.locator("#notice")
+    box = page.get_by_label("Message", exact=True)
+    settings = page.locator("#settings")
+    settings.locator("summary").click()
+    max_tokens = page.get_by_label("Max tokens")
+
+    for value in ("0", "99999"):
+        max_tokens.fill(value)
+        box.fill("refused")
+        box.press("Enter")
+        expect(notice).to_contain_text("Max tokens must be between 1 and 4096.")
+    chat.screenshot("error-names-the-field")
+    max_tokens.fill("")
+    chat.simulate(nope=1)
+    box.fill("refused")
+    box.press("Enter")
+    expect(notice).to_contain_text('The simulation setting "nope" is not a known key')
+    # The banner can be dismissed.
+    notice.get_by_role("button", name="Dismiss this message").click()
+    expect(notice).to_be_hidden()
+    expect(box).to_have_value("refused")  # nothing typed is lost
+
+    # One answer streams (the limit is 1): a second conversation's first message is a 429.
+    running = chat.ask("long", length=2000, tokens_per_second=20)
+    expect(running).to_have_attribute("data-status", "streaming")
+    page.get_by_role("button", name="New conversation").click()
+    box.fill("one too many")
+    box.press("Enter")
+    expect(notice).to_contain_text("At most 1 answers may stream at once")
+
+    titles = [c["title"] for c in listed_conversations(chat)]
+    assert titles == ["long"], f"refused messages left conversations behind: {titles}"
+    expect(page.locator("#conversation-list .open")).to_have_text(["long"])
+    expect(page.locator("#log article")).to_have_count(0)
+    assert chat.errors == []
+
+
+def test_on_a_phone_enter_is_a_newline_and_the_composer_stays_small(open_chat):
+    chat = open_chat(viewport=PHONE, is_mobile=True, has_touch=True)
+    page = chat.page
+    box = page.get_by_label("Message", exact=True)
+    assert box.evaluate("node => node.enterKeyHint") == "enter"
+
+    # The placeholder fits in the box at 390 px.
+    fits = box.evaluate(
+        """node => {
+          const style = getComputedStyle(node);
+          const context = document.createElement("canvas").getContext("2d");
+          context.font = `${style.fontSize} ${style.fontFamily}`;
+          const padding = parseFloat(style.paddingLeft) + parseFloat(style.paddingRight);
+          const room = node.clientWidth - padding;
+          return [context.measureText(node.placeholder).width, room];
+        }"""
+    )
+    assert fits[0] <= fits[1], f"the placeholder is clipped: {fits}"
+
+    box.fill("first line")
+    box.press("Enter")
+    box.type("second line")
+    expect(box).to_have_value("first line\nsecond line")
+    expect(page.locator("#log article")).to_have_count(0)
+    page.get_by_role("button", name="Send").click()
+    user = page.locator("article.user")
+    expect(user).to_have_text("first line\nsecond line", use_inner_text=True)
+    expect(page.locator("article.assistant")).to_have_count(1)
+
+    # Open settings (with the developer tools shown) leave most of the screen to the log.
+    page.locator("#settings summary").click()
+    page.get_by_label("Developer").check()
+    composer = page.locator("#composer").bounding_box()
+    log = page.locator("#log").bounding_box()
+    assert composer["height"] <= 0.3 * PHONE["height"], composer
+    assert log["height"] >= 0.55 * PHONE["height"], log
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"], f"the page scrolls sideways ({width}px)"
+    chat.screenshot("phone-settings-open")
+    assert chat.errors == []
