@@ -1,4 +1,5 @@
-"""What an answer looks like: model text is text, a markdown subset is built from nodes."""
+"""What an answer looks like: markdown as people know it, and model text that never becomes
+live HTML (markup is shown as text, what markdown makes is sanitised)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,131 @@ def test_markup_in_model_output_is_shown_as_text_and_never_runs(open_chat):
     expect(content.locator("a")).to_have_count(0)  # javascript: links stay text
     assert page.evaluate("window.pwned") is None
     assert chat.dialogs == []
+    assert chat.errors == []
+
+
+# Each line tries another way in; none may run, load anything or become a live element.
+HOSTILE_MARKDOWN = "\n\n".join(
+    [
+        '<div onclick="window.pwned=4">a block of HTML</div>',
+        "<javascript:window.pwned=5> and [data](data:text/html,<script>alert(6)</script>)",
+        "![pixel](javascript:window.pwned=7) ![tracker](https://tracker.example/p.gif)",
+        "$\\href{javascript:window.pwned=8}{math link}$ and <style>body{display:none}</style>",
+        "[https://bank.example.com/login](https://evil.example/login) <iframe src=x></iframe>",
+        '<a href="https://evil.example/">html link</a> [mail](mailto:someone@example.com)',
+    ]
+)
+
+
+def test_markdown_that_tries_to_make_html_is_defused(open_chat):
+    chat = open_chat()
+    page = chat.page
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(r.url))
+    answer = chat.ask("try harder", text=HOSTILE_MARKDOWN, tokens_per_second=400)
+    expect(answer).to_have_attribute("data-status", "complete")
+    content = chat.content(answer)
+    expect(content).to_contain_text('<div onclick="window.pwned=4">a block of HTML</div>')
+    expect(content).to_contain_text("<style>body{display:none}</style>")
+    for tag in ("div[onclick]", "img", "iframe", "style", "script"):
+        expect(content.locator(tag)).to_have_count(0)
+    hrefs = content.locator("a").evaluate_all("links => links.map(a => a.href)")
+    assert all(h.startswith(("https://", "mailto:")) for h in hrefs), hrefs
+    # The image is a link to it, never loaded; the javascript: one stays text.
+    image = content.get_by_role("link", name="Image: tracker")
+    expect(image).to_have_attribute("href", "https://tracker.example/p.gif")
+    expect(content).to_contain_text("![pixel](javascript:window.pwned=7)")
+    assert not [url for url in requested if "tracker.example" in url]
+    # A link whose text names another host shows where it really goes.
+    deceptive = content.get_by_role("link", name="https://bank.example.com/login")
+    expect(deceptive).to_have_attribute("href", "https://evil.example/login")
+    expect(deceptive.locator("xpath=following-sibling::*[1]")).to_have_text(" (evil.example)")
+    expect(content.get_by_role("link", name="mail")).to_have_attribute(
+        "href", "mailto:someone@example.com"
+    )
+    for link in content.locator("a").all():
+        expect(link).to_have_attribute("rel", "noopener noreferrer nofollow")
+    content.locator("text=a block of HTML").click()
+    assert page.evaluate("window.pwned") is None
+    assert chat.dialogs == []
+    assert chat.errors == []
+
+
+GFM = """## Results
+
+Some *italic*, **bold** and ~~struck~~ text.
+
+| Engine | Tokens/s |
+|:-------|---------:|
+| simulated | 40 |
+| vLLM | 95 |
+
+1. First
+2. Second
+   - nested one
+   - nested two
+
+- [x] done
+- [ ] to do
+
+> Quoted wisdom
+> on two lines.
+
+---
+
+```python
+def square(x):
+    return x * x
+```
+
+Inline $E = mc^2$ and displayed:
+
+$$\\sum_{i=1}^{n} i = \\frac{n(n+1)}{2}$$
+"""
+
+
+def test_tables_lists_quotes_code_and_math_render_from_an_answer(open_chat):
+    chat = open_chat()
+    chat.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page = chat.page
+    answer = chat.ask("format it", text=GFM, tokens_per_second=400)
+    expect(answer).to_have_attribute("data-status", "complete")
+    content = chat.content(answer)
+    expect(content.locator("h2")).to_have_text("Results")
+    expect(content.locator("em")).to_have_text("italic")
+    expect(content.locator("del")).to_have_text("struck")
+
+    table = content.locator(".table-wrap table")
+    expect(table.locator("th")).to_have_text(["Engine", "Tokens/s"])
+    expect(table.locator("tbody tr")).to_have_count(2)
+    expect(table.locator("tbody tr").nth(1).locator("td")).to_have_text(["vLLM", "95"])
+
+    expect(content.locator("ol > li")).to_have_count(2)
+    expect(content.locator("ol > li").nth(1).locator("ul > li")).to_have_text(
+        ["nested one", "nested two"]
+    )
+    boxes = content.locator("li input[type=checkbox]")
+    expect(boxes).to_have_count(2)
+    assert boxes.evaluate_all("bs => bs.map(b => [b.checked, b.disabled])") == [
+        [True, True],
+        [False, True],
+    ]
+    expect(content.locator("blockquote")).to_contain_text("Quoted wisdom")
+    expect(content.locator("hr")).to_have_count(1)
+
+    block = content.locator(".code-block")
+    expect(block.locator(".code-lang")).to_have_text("python")
+    expect(block.locator("code .hljs-keyword").first).to_have_text("def")
+    expect(block.locator("pre code")).to_have_text("def square(x):\n    return x * x")
+    block.get_by_role("button", name="Copy").click()
+    expect(block.get_by_role("button", name="Copied")).to_be_visible()
+    assert page.evaluate("navigator.clipboard.readText()") == "def square(x):\n    return x * x"
+
+    inline, display = content.locator(".katex").nth(0), content.locator(".katex-display")
+    expect(inline.locator("annotation")).to_have_text("E = mc^2")
+    expect(display.locator("annotation")).to_have_text("\\sum_{i=1}^{n} i = \\frac{n(n+1)}{2}")
+    expect(display.locator(".mfrac")).to_have_count(1)
+    chat.screenshot("markdown-gfm")
     assert chat.errors == []
 
 
@@ -114,9 +240,12 @@ def test_the_streaming_cursor_follows_the_last_character_of_an_open_code_block(o
           const rect = node.getBoundingClientRect();
           const box = code && code.getBoundingClientRect();
           const line = code && parseFloat(getComputedStyle(code).lineHeight);
+          const after = document.createRange();
+          after.setStartAfter(node);
+          if (code) after.setEndAfter(code.lastChild);
           return {
             inCode: Boolean(code),
-            last: code && code.lastChild === node,
+            last: code && after.toString() === "",
             onLastLine: code && rect.bottom <= box.bottom + 1 && rect.top >= box.bottom - 2 * line,
           };
         }"""

@@ -1,162 +1,169 @@
-// A safe markdown subset, built from DOM nodes. Model text is only ever put into text
-// nodes: there is no HTML parsing anywhere on this path, so markup in an answer shows as
-// the characters it is made of.
+// Markdown as people know it (GitHub-flavoured: tables, task lists, strikethrough, nested
+// lists, blockquotes, rules), highlighted code, and math, on kept libraries vendored under
+// /static/vendor/ (frontend/vendor.json pins them): marked parses, highlight.js colours
+// code, KaTeX typesets `$…$` and `$$…$$`, DOMPurify sanitises.
 //
-// Blocks: paragraphs, headings (shown as bold paragraphs), bullet and numbered lists,
-// fenced code (``` or ~~~) with a copy button. Inline: `code`, **bold**, [text](url) and
-// bare http(s) URLs; only http(s) links become anchors, anything else stays text.
-// A fence that is not closed yet renders as an open code block, so code streams as code.
+// Model output never becomes live HTML. Markup in an answer is escaped by the renderer
+// (`<b>` shows as those characters); what marked, highlight.js and KaTeX produce from the
+// markdown goes through DOMPurify, which hands back nodes (no innerHTML here). Links are
+// http(s) or mailto only, open in a new tab without a referrer, and a link whose text is
+// a URL naming another host shows the host it really goes to. Images are never loaded:
+// they show as links to the image.
+//
+// Rendering is incremental: every block before the last is complete once a later block
+// has started, so it is rendered once and kept; only the last, unfinished block is parsed
+// again as text arrives (the caller asks at most once per animation frame).
 
+import DOMPurify from "../vendor/dompurify/dist/purify.es.mjs";
+import hljs from "../vendor/@highlightjs/cdn-assets/es/highlight.min.js";
+import { Lexer, Marked } from "../vendor/marked/lib/marked.esm.js";
+import markedKatex from "../vendor/marked-katex-extension/lib/index.esm.js";
 import { el } from "./dom.js";
 
-const FENCE = /^ {0,3}(`{3,}|~{3,})\s*([^\s`]*)[^`]*$/;
-const BULLET = /^ {0,3}([-*+])\s+(.*)$/;
-const NUMBERED = /^ {0,3}(\d{1,9})[.)]\s+(.*)$/;
-const HEADING = /^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$/;
-const INLINE =
-  /`([^`\n]+)`|\*\*([^*\n]+?)\*\*|\[([^\]\n]+)\]\(([^()\s]+)\)|(https?:\/\/[^\s<>()"'`]+)/g;
+const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
 
-function listItem(line) {
-  let m = BULLET.exec(line);
-  if (m) return { kind: "ul", text: m[2] };
-  m = NUMBERED.exec(line);
-  if (m) return { kind: "ol", text: m[2], number: Number(m[1]) };
-  return null;
+function escapeHtml(text) {
+  return String(text).replace(/[&<>"']/g, (c) => ESCAPES[c]);
 }
 
-/** Split text into blocks; each keeps its source so unchanged blocks are not rebuilt. */
-export function parseBlocks(text) {
-  const lines = text.split("\n");
-  const blocks = [];
-  let i = 0;
-  while (i < lines.length) {
-    const line = lines[i];
-    const fence = FENCE.exec(line);
-    if (fence) {
-      const marker = fence[1];
-      const closing = new RegExp(`^ {0,3}${marker[0] === "`" ? "`" : "~"}{${marker.length},}\\s*$`);
-      const body = [];
-      let j = i + 1;
-      let open = true;
-      while (j < lines.length) {
-        if (closing.test(lines[j])) {
-          open = false;
-          break;
-        }
-        body.push(lines[j]);
-        j += 1;
-      }
-      blocks.push({
-        kind: "code",
-        lang: fence[2] || "",
-        text: body.join("\n"),
-        open,
-        source: lines.slice(i, j + 1).join("\n") + (open ? "\u0000open" : ""),
-      });
-      i = j + 1;
-      continue;
-    }
-    if (line.trim() === "") {
-      i += 1;
-      continue;
-    }
-    const heading = HEADING.exec(line);
-    if (heading) {
-      blocks.push({ kind: "heading", text: heading[1], source: line });
-      i += 1;
-      continue;
-    }
-    const first = listItem(line);
-    if (first) {
-      const items = [first.text];
-      const start = i;
-      let j = i + 1;
-      while (j < lines.length) {
-        const next = lines[j];
-        const item = listItem(next);
-        if (item && item.kind === first.kind) {
-          items.push(item.text);
-        } else if (item || next.trim() === "" || FENCE.test(next)) {
-          // A blank line ends the list unless the list goes on right after it.
-          const after = next.trim() === "" ? listItem(lines[j + 1] || "") : null;
-          if (after && after.kind === first.kind) {
-            j += 1;
-            continue;
-          }
-          break;
-        } else {
-          items[items.length - 1] += `\n${next.trim()}`;
-        }
-        j += 1;
-      }
-      blocks.push({
-        kind: first.kind,
-        items,
-        start: first.number,
-        source: lines.slice(start, j).join("\n"),
-      });
-      i = j;
-      continue;
-    }
-    const start = i;
-    let j = i + 1;
-    while (
-      j < lines.length &&
-      lines[j].trim() !== "" &&
-      !FENCE.test(lines[j]) &&
-      !listItem(lines[j]) &&
-      !HEADING.test(lines[j])
-    ) {
-      j += 1;
-    }
-    const source = lines.slice(start, j).join("\n");
-    blocks.push({ kind: "p", text: source, source });
-    i = j;
-  }
-  return blocks;
-}
-
-function safeHref(url) {
+function safeUrl(href) {
   try {
-    const parsed = new URL(url);
-    return parsed.protocol === "http:" || parsed.protocol === "https:" ? parsed.href : null;
+    const url = new URL(href);
+    return ["http:", "https:", "mailto:"].includes(url.protocol) ? url : null;
   } catch {
     return null;
   }
 }
 
-function link(href, text) {
-  return el("a", { href, rel: "noopener noreferrer nofollow", target: "_blank" }, text);
+/** The host a link's text claims (its text reads as a URL or a domain), or null. */
+function claimedHost(text) {
+  const shown = text.trim();
+  if (!/^(https?:\/\/)?[^\s/@]+\.[a-z]{2,}(?::\d+)?([/?#]\S*)?$/i.test(shown)) return null;
+  try {
+    return new URL(/^https?:\/\//i.test(shown) ? shown : `https://${shown}`).hostname;
+  } catch {
+    return null;
+  }
 }
 
-/** Inline markup of one block's text, as nodes. */
-export function inlineNodes(text) {
-  const nodes = [];
-  let last = 0;
-  for (const m of text.matchAll(INLINE)) {
-    let node = null;
-    let consumed = m[0];
-    if (m[1] !== undefined) {
-      node = el("code", {}, m[1]);
-    } else if (m[2] !== undefined) {
-      node = el("strong", {}, m[2]);
-    } else if (m[3] !== undefined) {
-      const href = safeHref(m[4]);
-      node = href ? link(href, m[3]) : null;
-    } else if (m[5] !== undefined) {
-      // Sentence punctuation after a bare URL is not part of it.
-      const url = m[5].replace(/[.,;:!?]+$/, "");
-      consumed = url;
-      const href = safeHref(url);
-      node = href ? link(href, url) : null;
-    }
-    if (node === null) continue;
-    if (m.index > last) nodes.push(document.createTextNode(text.slice(last, m.index)));
-    nodes.push(node);
-    last = m.index + consumed.length;
+function sameHost(a, b) {
+  const bare = (host) => host.toLowerCase().replace(/^www\./, "");
+  return bare(a) === bare(b);
+}
+
+/** A fenced block whose closing fence has not arrived (yet, or ever). */
+function openFence(raw) {
+  const opening = /^ {0,3}(`{3,}|~{3,})/.exec(raw);
+  if (!opening) return false;
+  const lines = raw.replace(/\n+$/, "").split("\n");
+  if (lines.length < 2) return true;
+  const marker = opening[1];
+  const closing = new RegExp(`^ {0,3}\\${marker[0]}{${marker.length},}\\s*$`);
+  return !closing.test(lines[lines.length - 1]);
+}
+
+function codeBlock({ text, lang, raw }) {
+  const language = (lang || "").trim().split(/\s+/)[0];
+  const known = language && hljs.getLanguage(language) ? language : "";
+  const body = known
+    ? hljs.highlight(text, { language: known, ignoreIllegals: true }).value
+    : escapeHtml(text);
+  const label = escapeHtml(language || "code");
+  return (
+    `<div class="code-block" data-open="${openFence(raw)}">` +
+    `<div class="code-head"><span class="code-lang">${label}</span>` +
+    `<button type="button" class="button small copy">Copy</button></div>` +
+    `<pre dir="ltr" tabindex="0"><code class="hljs${known ? ` language-${label}` : ""}">${body}</code></pre>` +
+    "</div>"
+  );
+}
+
+const renderer = {
+  // Markup written by the model is text: shown as the characters it is made of.
+  html({ text, block }) {
+    return block ? `<p>${escapeHtml(text)}</p>` : escapeHtml(text);
+  },
+  link(token) {
+    const url = safeUrl(token.href);
+    if (!url) return escapeHtml(token.raw);
+    const inner = this.parser.parseInline(token.tokens);
+    const claimed = claimedHost(token.text);
+    const note =
+      claimed && !sameHost(claimed, url.hostname)
+        ? `<span class="link-host"> (${escapeHtml(url.hostname)})</span>`
+        : "";
+    return `<a href="${escapeHtml(url.href)}" title="${escapeHtml(url.href)}">${inner}</a>${note}`;
+  },
+  image(token) {
+    const url = safeUrl(token.href);
+    if (!url) return escapeHtml(token.raw);
+    const label = escapeHtml(`Image: ${token.text || url.hostname}`);
+    return `<a class="image-link" href="${escapeHtml(url.href)}" title="${escapeHtml(url.href)}">${label}</a>`;
+  },
+  code: codeBlock,
+};
+
+const OPTIONS = { gfm: true, breaks: true };
+const marked = new Marked(OPTIONS);
+marked.use(markedKatex({ throwOnError: false, output: "htmlAndMathml" }));
+marked.use({ renderer });
+
+const SANITIZE = {
+  RETURN_DOM_FRAGMENT: true,
+  USE_PROFILES: { html: true, svg: true, mathMl: true },
+  FORBID_TAGS: [
+    "style", "img", "form", "textarea", "select", "option", "video", "audio", "source",
+    "picture", "iframe", "object", "embed", "link", "meta", "base", "dialog",
+  ],
+  // MathML's own structure: KaTeX puts the TeX source in an annotation, for screen readers.
+  ADD_TAGS: ["semantics", "annotation"],
+  ADD_ATTR: ["encoding"],
+  // DOMPurify's default, with only http(s) and mailto as schemes: the regexp also decides
+  // every attribute value that is not a URL, which must still pass.
+  ALLOWED_URI_REGEXP: /^(?:(?:https?|mailto):|[^a-z]|[a-z+.-]+(?:[^a-z+.\-:]|$))/i,
+};
+// Task lists' checkboxes are the only inputs: disabled, never anything else.
+DOMPurify.addHook("uponSanitizeElement", (node, data) => {
+  if (data.tagName === "input" && !(node.getAttribute("type") === "checkbox" && node.hasAttribute("disabled"))) {
+    node.remove();
   }
-  if (last < text.length) nodes.push(document.createTextNode(text.slice(last)));
-  return nodes;
+});
+
+const TEXT_BLOCKS = "p, li, h1, h2, h3, h4, h5, h6, blockquote, td, th, dt, dd";
+
+/** One block's tokens as sanitised nodes, with the page's link and direction rules. */
+function renderTokens(tokens) {
+  const fragment = DOMPurify.sanitize(marked.parser(tokens), SANITIZE);
+  for (const a of fragment.querySelectorAll("a")) {
+    a.setAttribute("rel", "noopener noreferrer nofollow");
+    a.setAttribute("target", "_blank");
+  }
+  for (const table of fragment.querySelectorAll("table")) {
+    const wrap = el("div", { class: "table-wrap", tabindex: "0" });
+    table.replaceWith(wrap);
+    wrap.append(table);
+  }
+  // Each block takes the direction of its own text: Arabic or Hebrew right to left.
+  for (const node of fragment.children) if (!node.hasAttribute("dir")) node.setAttribute("dir", "auto");
+  for (const node of fragment.querySelectorAll(TEXT_BLOCKS)) node.setAttribute("dir", "auto");
+  return [...fragment.childNodes];
+}
+
+/**
+ * The element the streaming cursor goes into: the innermost element that ends the block,
+ * so the cursor sits right after the last character (inside an open code block's last
+ * line, after a list's last word), not on a line of its own below it.
+ */
+function cursorHost(block) {
+  let host = block;
+  for (;;) {
+    let last = host.lastChild;
+    while (last && last.nodeType === Node.TEXT_NODE && last.data.trim() === "") last = last.previousSibling;
+    if (!last || last.nodeType !== Node.ELEMENT_NODE || last.matches("button, br, input, .code-head, .katex")) {
+      return host;
+    }
+    host = last;
+  }
 }
 
 async function copyText(text) {
@@ -172,86 +179,64 @@ async function copyText(text) {
   area.remove();
 }
 
-function codeBlock(block) {
-  const code = el("code", {}, block.text);
-  const button = el("button", { type: "button", class: "button small copy" }, "Copy");
-  button.addEventListener("click", async () => {
-    try {
-      await copyText(block.text);
-      button.textContent = "Copied";
-    } catch {
-      button.textContent = "Copy failed";
-    }
-    setTimeout(() => {
-      button.textContent = "Copy";
-    }, 1500);
-  });
-  return el(
-    "div",
-    { class: "code-block", "data-open": block.open ? "true" : "false" },
-    el("div", { class: "code-head" }, el("span", { class: "code-lang" }, block.lang || "code"), button),
-    el("pre", { dir: "ltr", tabindex: "0" }, code),
-  );
-}
-
-function renderBlock(block) {
-  switch (block.kind) {
-    case "code":
-      return codeBlock(block);
-    case "heading":
-      return el("p", { class: "md-heading", dir: "auto" }, el("strong", {}, ...inlineNodes(block.text)));
-    case "ul":
-    case "ol":
-      return el(
-        block.kind,
-        { dir: "auto", start: block.kind === "ol" && block.start !== 1 ? block.start : null },
-        block.items.map((item) => el("li", { dir: "auto" }, ...inlineNodes(item))),
-      );
-    default:
-      return el("p", { dir: "auto" }, ...inlineNodes(block.text));
+/** Copy `text`, saying so on `button` for a moment. */
+export async function copyWithFeedback(button, text) {
+  const label = button.textContent;
+  try {
+    await copyText(text);
+    button.textContent = "Copied";
+  } catch {
+    button.textContent = "Copy failed";
   }
+  setTimeout(() => {
+    button.textContent = label;
+  }, 1500);
 }
 
 /**
- * The element the streaming cursor goes into: the innermost element that ends the block,
- * so the cursor sits right after the last character (inside an open code block's last
- * line, after a list's last word), not on a line of its own below it.
- */
-function cursorHost(block) {
-  let host = block;
-  for (;;) {
-    let last = host.lastChild;
-    while (last && last.nodeType === Node.TEXT_NODE && last.data.trim() === "") last = last.previousSibling;
-    if (!last || last.nodeType !== Node.ELEMENT_NODE || last.matches("button, br, .code-head")) return host;
-    host = last;
-  }
-}
-
-/**
- * Renders a growing text into a container. Blocks whose source did not change keep their
- * nodes (and focus, selection, a pressed copy button); only the changed tail is rebuilt.
- * While `streaming`, a cursor (an empty element: it adds nothing to the text) follows the
- * last character.
+ * Renders a growing markdown text into a container. Blocks before the last are rendered
+ * once and kept (their nodes, focus, selection, a pressed Copy button stay); the last block
+ * is parsed and rebuilt on each update. While `streaming`, a cursor (an empty element: it
+ * adds nothing to the text) follows the last character.
  */
 export class MarkdownView {
   constructor(container) {
     this.container = container;
-    this.sources = [];
     this.cursor = el("span", { class: "cursor", "aria-hidden": "true" });
+    this.reset();
+    container.addEventListener("click", (e) => {
+      const button = e.target.closest(".copy");
+      if (!button || !container.contains(button)) return;
+      const code = button.closest(".code-block").querySelector("pre code");
+      copyWithFeedback(button, code.textContent);
+    });
+  }
+
+  reset() {
+    this.container.replaceChildren();
+    this.kept = ""; // the source of the kept blocks: a prefix of every later text
+    this.links = {}; // reference-style link definitions seen in kept blocks
+    this.tail = []; // the nodes of the last block
   }
 
   update(text, streaming = false) {
+    const source = text.replace(/\r\n?/g, "\n");
+    if (!source.startsWith(this.kept)) this.reset();
     this.cursor.remove();
-    const blocks = parseBlocks(text);
-    let keep = 0;
-    while (keep < blocks.length && keep < this.sources.length && blocks[keep].source === this.sources[keep]) {
-      keep += 1;
+    const lexer = new Lexer(marked.defaults);
+    Object.assign(lexer.tokens.links, this.links);
+    const tokens = lexer.lex(source.slice(this.kept.length));
+    let last = tokens.length - 1;
+    while (last > 0 && tokens[last].type === "space") last -= 1;
+    for (const node of this.tail) node.remove();
+    for (const token of tokens.slice(0, Math.max(last, 0))) {
+      this.container.append(...renderTokens([token]));
+      this.kept += token.raw;
     }
-    const children = this.container.children;
-    while (children.length > keep) children[children.length - 1].remove();
-    for (const block of blocks.slice(keep)) this.container.append(renderBlock(block));
-    this.sources = blocks.map((b) => b.source);
-    const last = this.container.lastElementChild;
-    if (streaming && last) cursorHost(last).append(this.cursor);
+    Object.assign(this.links, tokens.links);
+    this.tail = last >= 0 ? renderTokens(tokens.slice(last)) : [];
+    this.container.append(...this.tail);
+    const end = this.container.lastElementChild;
+    if (streaming && end) cursorHost(end).append(this.cursor);
   }
 }
