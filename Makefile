@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run demo-password test install lint format bench migrate clean
+.PHONY: run demo-password test install lint format bench bench-render migrate clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ format: install
 
 bench: install
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# The chat page in Chromium while a 50,000-character answer streams (docs/performance.md).
+bench-render: install
+	$(BIN)/python -m bench.rendering $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var staticfiles test-artifacts

@@ -248,3 +248,32 @@ def test_stop_while_offline_is_sent_once_back_and_banners_clear_themselves(open_
     expect(notice).to_be_hidden()
     assert chat.server_message(answer)["status"] == "cancelled"
     assert chat.errors == []
+
+
+def test_scrolling_up_while_it_streams_keeps_the_place_and_offers_jump_to_latest(open_chat):
+    chat = open_chat(viewport={"width": 1000, "height": 600})
+    page = chat.page
+    answer = chat.ask("long", length=1500, tokens_per_second=80, ttft_ms=0)
+    log = page.locator("#log")
+    jump = page.get_by_role("button", name="Jump to latest")
+    # Followed while at the bottom: the newest text stays in view.
+    page.wait_for_function(
+        "() => { const l = document.getElementById('log');"
+        " return l.scrollHeight > 2 * l.clientHeight; }"
+    )
+    at_bottom = "l => l.scrollHeight - l.scrollTop - l.clientHeight < 80"
+    assert log.evaluate(at_bottom)
+    expect(jump).to_be_hidden()
+
+    log.evaluate("l => { l.scrollTop = 0; }")
+    expect(jump).to_be_visible()
+    grown = log.evaluate("l => l.scrollHeight")
+    page.wait_for_function(f"() => document.getElementById('log').scrollHeight > {grown} + 200")
+    assert log.evaluate("l => l.scrollTop") == 0, "new text moved what the person was reading"
+    chat.screenshot("jump-to-latest")
+
+    jump.click()
+    expect(jump).to_be_hidden()
+    assert log.evaluate(at_bottom)
+    page.get_by_role("button", name="Stop").click()
+    expect(answer).to_have_attribute("data-status", "cancelled")

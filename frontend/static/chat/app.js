@@ -169,15 +169,38 @@ document.querySelector(".skip-link").addEventListener("click", (e) => {
   input.focus();
 });
 
+// --- following the newest text ---------------------------------------------------------
+// The log stays at the bottom while the person has not scrolled away from it; once they
+// have, new text does not move what they are reading and "Jump to latest" brings them back.
+// Whether to follow is decided when they scroll, not measured on every delta: an answer's
+// text is laid out once per frame, by the render.
+const jumpButton = $("jump-to-latest");
+const scroller = { stuck: true };
+
 function nearBottom() {
   return log.scrollHeight - log.scrollTop - log.clientHeight < 80;
 }
 
-function keepScrolled(action) {
-  const stick = nearBottom();
-  action();
-  if (stick) log.scrollTop = log.scrollHeight;
+function scrollToLatest() {
+  scroller.stuck = true;
+  log.scrollTop = log.scrollHeight;
+  jumpButton.hidden = true;
 }
+
+/** An answer's text changed on screen (at most once per frame). */
+function rendered() {
+  if (scroller.stuck) log.scrollTop = log.scrollHeight;
+  else jumpButton.hidden = false;
+}
+
+log.addEventListener("scroll", () => {
+  scroller.stuck = nearBottom();
+  if (scroller.stuck) jumpButton.hidden = true;
+}, { passive: true });
+jumpButton.addEventListener("click", () => {
+  scrollToLatest();
+  input.focus();
+});
 
 async function openConversation(id) {
   const load = ++state.loads;
@@ -221,12 +244,12 @@ async function openConversation(id) {
     }
     if (message.termination && message.termination.ttft_ms != null) showTtft(message.termination.ttft_ms);
   }
-  log.scrollTop = log.scrollHeight;
+  scrollToLatest();
   updateControls();
 }
 
 function assistantBubble(message) {
-  return new AssistantBubble(message, config, { continue: continueAnswer });
+  return new AssistantBubble(message, config, { continue: continueAnswer, rendered });
 }
 
 function showTtft(ms) {
@@ -246,18 +269,18 @@ function follow(bubble, conversationId, after, startedAt) {
         if (state.conversationId === conversationId) showTtft(performance.now() - askedAt);
         askedAt = null;
       }
-      keepScrolled(() => bubble.event(event));
+      bubble.event(event);
     },
     connection: (connection, detail) => {
       bubble.connection(connection, detail);
       if (connection === "live") recovered();
     },
     ended: (record) => {
-      keepScrolled(() => bubble.ended(record));
+      bubble.ended(record);
       finish();
     },
     settled: (message) => {
-      keepScrolled(() => bubble.settled(message));
+      bubble.settled(message);
       finish();
     },
     failed: (message) => {
@@ -340,7 +363,7 @@ async function send() {
       }
       const bubble = assistantBubble({ ...exchange.message, content: "" });
       log.append(userBubble(exchange.user_message), bubble.node);
-      log.scrollTop = log.scrollHeight;
+      scrollToLatest();
       follow(bubble, conversationId, 0, askedAt);
     }
     conversationChanged(conversationId);

@@ -149,5 +149,6 @@ export class AssistantBubble {
   render() {
     this.pending = false;
     this.markdown.update(this.text, this.status === "streaming");
+    if (this.actions.rendered) this.actions.rendered(this);
   }
 }
