@@ -29,7 +29,9 @@ async def chat(request: HttpRequest) -> HttpResponse:
     user = await request.auser()
     config = {
         "username": user.get_username(),
-        # The generation settings panel offers simulator knobs only when they are accepted.
+        # The empty state names the model, and says plainly when it is the simulator; the
+        # settings offer the simulator's knobs (Developer) only when they are accepted.
+        "model": selectors.engine_model(),
         "simulation": selectors.accepts_simulation(),
         "maxTokensCap": settings.MAX_TOKENS_CAP,
         "defaultMaxTokens": settings.DEFAULT_MAX_TOKENS,

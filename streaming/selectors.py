@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 
 from streaming import database
 from streaming.auth import resolve_user
@@ -21,6 +21,7 @@ from streaming.feed import Listener
 from streaming.models import Conversation, Message
 from streaming.reading import MessageState, SendBuffer, Subscription
 from streaming.runtime import get_runtime
+from streaming.termination import Status
 
 # A malformed id is just an id that names nothing (ValidationError for bad UUIDs).
 _NOTHING = (ValidationError, ValueError, TypeError)
@@ -51,8 +52,14 @@ def message_for(user: Any, message_id: Any, *, lock: bool = False) -> Message:
         raise NotFound("message not found") from None
 
 
-def conversations_of(user: Any) -> QuerySet[Conversation]:
-    return Conversation.objects.filter(owner=user).order_by("-updated_at")
+def conversations_of(user: Any, search: str = "") -> QuerySet[Conversation]:
+    """Newest activity first, each with ``streaming``: whether an answer of it is streaming
+    now (one subquery, not a query per conversation); ``search`` filters by title."""
+    streaming = Message.objects.filter(conversation=OuterRef("pk"), status=Status.STREAMING)
+    conversations = Conversation.objects.filter(owner=user)
+    if search:
+        conversations = conversations.filter(title__icontains=search)
+    return conversations.annotate(streaming=Exists(streaming)).order_by("-updated_at")
 
 
 def branch_ids(
@@ -140,6 +147,11 @@ def feed_of(user: Any) -> Listener:
 
 def forget_feed(user: Any, listener: Listener) -> None:
     get_runtime().feed.forget(user.pk, listener)
+
+
+def engine_model() -> str:
+    """The model name the engine is configured with ("" when it serves whatever it lists)."""
+    return get_runtime().engine.model
 
 
 def accepts_simulation() -> bool:

@@ -25,6 +25,7 @@ from rest_framework import serializers
 from streaming import params
 from streaming.branches import Tree, sibling_ids
 from streaming.models import Conversation, Message, Segment
+from streaming.termination import Status
 
 
 class ConversationSerializer(serializers.ModelSerializer):
@@ -35,18 +36,29 @@ class ConversationSerializer(serializers.ModelSerializer):
         "message of the conversation to switch branch (it goes down that message's latest "
         "answers to a leaf)",
     )
+    streaming = serializers.SerializerMethodField(
+        help_text="whether an answer of this conversation is streaming now"
+    )
 
     class Meta:
         model = Conversation
         fields = [
             "id", "title", "title_source", "model", "system_prompt", "current_leaf", "created_at",
-            "updated_at",
+            "updated_at", "streaming",
         ]  # fmt: skip
         read_only_fields = ["id", "title_source", "model", "created_at", "updated_at"]
         extra_kwargs = {
             "title": {"required": False, "max_length": 200},
             "system_prompt": {"required": False, "max_length": settings.MAX_MESSAGE_CHARS},
         }
+
+    def get_streaming(self, conversation: Conversation) -> bool:
+        """Annotated by ``selectors.conversations_of`` (lists: no query per row); asked of
+        the database only for a conversation that did not come from there (a PATCH's)."""
+        annotated = getattr(conversation, "streaming", None)
+        if annotated is not None:
+            return bool(annotated)
+        return conversation.messages.filter(status=Status.STREAMING).exists()
 
 
 def plain(value: Any) -> Any:

@@ -89,11 +89,15 @@ class JSONView(APIView):
             request.data  # noqa: B018 - parse now: a bad body is a 400 whatever the view
 
 
+SEARCH = OpenApiParameter("search", str, description="only conversations whose title has it")
+
+
 class ConversationList(JSONView, generics.ListCreateAPIView):
     serializer_class = ConversationSerializer
 
     def get_queryset(self) -> QuerySet[Conversation]:
-        return selectors.conversations_of(self.request.user)
+        search = self.request.query_params.get("search", "").strip()
+        return selectors.conversations_of(self.request.user, search[:200])
 
     def perform_create(self, serializer: BaseSerializer[Any]) -> None:
         serializer.instance = services.create_conversation(
@@ -102,7 +106,9 @@ class ConversationList(JSONView, generics.ListCreateAPIView):
             system_prompt=serializer.validated_data.get("system_prompt", ""),
         )
 
-    @extend_schema(responses={200: ConversationSerializer(many=True), **ERRORS})
+    @extend_schema(
+        responses={200: ConversationSerializer(many=True), **ERRORS}, parameters=[SEARCH]
+    )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().get(request, *args, **kwargs)
 

@@ -90,7 +90,18 @@ def test_a_new_conversation_is_made_with_its_first_message_or_not_at_all(daphne,
         # Over the limit: a 429, and still no second conversation.
         assert_error(api.post("/api/messages/", json={"content": "again"}), 429)
         assert api.get("/api/conversations/").json()["count"] == 1
+        # The list says which conversations have an answer streaming, and searches titles.
+        new_conversation(api, title="Quiet one")
+        listed = api.get("/api/conversations/").json()["results"]
+        assert [(c["title"], c["streaming"]) for c in listed] == [
+            ("Quiet one", False),
+            ("First line", True),
+        ]
+        found = api.get("/api/conversations/", params={"search": "first"}).json()["results"]
+        assert [c["title"] for c in found] == ["First line"]
         api.post(f"/api/messages/{answer['id']}/cancel/")
+        detail = api.get(f"/api/conversations/{answer['conversation']}/").json()
+        assert detail["streaming"] is False
 
 
 def test_stream_cancel_and_continue(daphne, account):

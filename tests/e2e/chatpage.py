@@ -46,8 +46,16 @@ class ChatPage:
     def use_transport(self, name: str) -> None:
         self.page.get_by_label("WebSocket" if name == "ws" else "SSE").check()
 
-    def ask(self, content: str, *, max_tokens: int | None = None, **simulation: Any) -> Locator:
-        """Type a message and press Enter; returns the new answer's bubble."""
+    def ask(
+        self,
+        content: str,
+        *,
+        max_tokens: int | None = None,
+        tap_send: bool = False,
+        **simulation: Any,
+    ) -> Locator:
+        """Type a message and press Enter (``tap_send``: tap Send, as on a touch keyboard,
+        where Enter is a newline); returns the new answer's bubble."""
         page = self.page
         answers = page.locator("article.message.assistant")
         before = answers.count()
@@ -59,7 +67,10 @@ class ChatPage:
             self.simulate(**simulation)
         box = page.get_by_label("Message", exact=True)
         box.fill(content)
-        box.press("Enter")
+        if tap_send:
+            page.get_by_role("button", name="Send").click()
+        else:
+            box.press("Enter")
         expect(answers).to_have_count(before + 1)
         return answers.nth(before)
 

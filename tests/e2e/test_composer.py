@@ -81,7 +81,7 @@ def test_a_refused_first_message_leaves_no_conversation_and_names_the_field(open
 
     titles = [c["title"] for c in listed_conversations(chat)]
     assert titles == ["long"], f"refused messages left conversations behind: {titles}"
-    expect(page.locator("#conversation-list .open")).to_have_text(["long"])
+    expect(page.locator("#conversation-list .open")).to_have_text(["long (streaming)"])
     expect(page.locator("#log article")).to_have_count(0)
     assert chat.errors == []
 
@@ -111,7 +111,7 @@ def test_on_a_phone_enter_is_a_newline_and_the_composer_stays_small(open_chat):
     expect(box).to_have_value("first line\nsecond line")
     expect(page.locator("#log article")).to_have_count(0)
     page.get_by_role("button", name="Send").click()
-    user = page.locator("article.user")
+    user = page.locator("article.user .bubble")
     expect(user).to_have_text("first line\nsecond line", use_inner_text=True)
     expect(page.locator("article.assistant")).to_have_count(1)
 

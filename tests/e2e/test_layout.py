@@ -24,16 +24,28 @@ def test_conversations_new_rename_delete_newest_first(open_chat):
     titles = page.locator("#conversation-list .open")
     expect(titles).to_have_text(["second question", "first question"])
 
-    page.get_by_role("button", name="Rename first question").click()
+    page.get_by_role("button", name="Actions for first question").click()
+    page.get_by_role("menuitem", name="Rename").click()
     field = page.get_by_label("Conversation title")
     expect(field).to_be_focused()
     field.fill("Renamed ✓ مرحبا")
     field.press("Enter")
     expect(titles).to_have_text(["Renamed ✓ مرحبا", "second question"])
 
-    page.get_by_role("button", name="Delete second question").click()
+    # Delete asks in the page (not the browser's confirm()); Cancel keeps it.
+    page.get_by_role("button", name="Actions for second question").click()
+    page.get_by_role("menuitem", name="Delete").click()
+    confirm = page.get_by_role("dialog", name="Delete")
+    expect(confirm).to_contain_text("Delete “second question” and all its messages?")
+    chat.screenshot("delete-confirmation")
+    confirm.get_by_role("button", name="Cancel").click()
+    expect(confirm).to_have_count(0)
+    expect(titles).to_have_text(["Renamed ✓ مرحبا", "second question"])
+    page.get_by_role("button", name="Actions for second question").click()
+    page.get_by_role("menuitem", name="Delete").click()
+    page.get_by_role("dialog", name="Delete").get_by_role("button", name="Delete").click()
     expect(titles).to_have_text(["Renamed ✓ مرحبا"])
-    assert chat.dialogs == ['Delete "second question" and all its messages?']
+    assert chat.dialogs == []
     listed = httpx.get(
         f"{chat.api_url}/api/conversations/",
         headers={"Authorization": f"Token {chat.token}"},

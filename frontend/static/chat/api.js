@@ -69,7 +69,8 @@ async function page(path) {
 
 export const conversations = {
   /** Newest activity first, a page at a time (`next` from the previous page). */
-  page: (next) => page(next || "/api/conversations/"),
+  page: (next, search = "") =>
+    page(next || `/api/conversations/${search ? `?search=${encodeURIComponent(search)}` : ""}`),
   get: (id) => request("GET", `/api/conversations/${id}/`),
   rename: (id, title) => request("PATCH", `/api/conversations/${id}/`, { title }),
   remove: (id) => request("DELETE", `/api/conversations/${id}/`),

@@ -5,10 +5,13 @@
 import { ApiError, conversations, messages, readiness } from "./api.js";
 import { AssistantBubble, userBubble } from "./bubble.js";
 import { Drafts } from "./drafts.js";
+import { emptyState } from "./empty.js";
 import { describe } from "./errors.js";
 import { Notice } from "./notice.js";
+import { installShortcuts } from "./shortcuts.js";
 import { Sidebar } from "./sidebar.js";
 import { MessageStream } from "./stream.js";
+import { themeSwitch } from "./theme.js";
 import { chatSocket } from "./transports/ws.js";
 
 const config = JSON.parse(document.getElementById("chat-config").textContent);
@@ -42,6 +45,7 @@ const state = {
   // The sidebar's next page of conversations (a path), while one is being fetched.
   nextPage: null,
   loadingPage: false,
+  search: "",
 };
 
 // --- transport switch ------------------------------------------------------------------
@@ -101,10 +105,12 @@ const sidebar = new Sidebar($("conversation-list"), {
 
 /** The first page of conversations, or (`next`) the page after those shown. */
 async function loadConversations(next = null) {
-  if (state.loadingPage) return;
+  if (state.loadingPage && next) return;
   state.loadingPage = true;
+  const search = state.search;
   try {
-    const page = await conversations.page(next);
+    const page = await conversations.page(next, search);
+    if (search !== state.search) return; // typed on meanwhile: a newer list is coming
     if (next) sidebar.append(page.results, Boolean(page.next));
     else sidebar.reset(page.results, Boolean(page.next));
     sidebar.select(state.conversationId);
@@ -129,17 +135,36 @@ async function conversationChanged(id) {
 }
 
 function showTitle(conversation = sidebar.find(state.conversationId)) {
-  titleLine.textContent = state.conversationId
+  const title = state.conversationId
     ? (conversation && conversation.title) || "Untitled"
     : "New conversation";
+  titleLine.textContent = title;
+  document.title = `${title} - Chat`;
 }
 
+// The conversations with an answer this tab follows carry the streaming marker.
+function markStreaming() {
+  sidebar.setStreaming([...state.live.values()].map((entry) => entry.conversationId));
+  sidebar.select(state.conversationId);
+}
+
+const searchInput = $("search");
+let searchTimer = null;
+searchInput.addEventListener("input", () => {
+  clearTimeout(searchTimer);
+  searchTimer = setTimeout(() => {
+    state.search = searchInput.value.trim();
+    loadConversations();
+  }, 250);
+});
+
 // A new conversation is created with its first message, so no empty ones pile up.
-$("new-conversation").addEventListener("click", () => {
+function newConversation() {
   if (location.hash) location.hash = "";
   else openConversation(null);
   input.focus();
-});
+}
+$("new-conversation").addEventListener("click", newConversation);
 
 $("open-sidebar").addEventListener("click", () => setSidebarOpen(true));
 $("close-sidebar").addEventListener("click", () => setSidebarOpen(false));
@@ -213,7 +238,10 @@ async function openConversation(id) {
   notices.clear();
   updateControls();
   showTitle();
-  if (!id) return;
+  if (!id) {
+    showEmpty();
+    return;
+  }
   let loaded;
   try {
     loaded = await conversations.messages(id);
@@ -226,6 +254,7 @@ async function openConversation(id) {
   if (load !== state.loads) return;
   if (sidebar.find(id)) showTitle();
   else conversations.get(id).then((c) => load === state.loads && showTitle(c), () => {});
+  if (!loaded.length) showEmpty();
   for (const message of loaded) {
     if (message.role !== "assistant") {
       log.append(userBubble(message));
@@ -248,6 +277,17 @@ async function openConversation(id) {
   updateControls();
 }
 
+/** The empty state of a conversation without messages; an example prompt is sent. */
+function showEmpty() {
+  log.append(
+    emptyState(config, (prompt) => {
+      input.value = prompt;
+      drafts.save();
+      send();
+    }),
+  );
+}
+
 function assistantBubble(message) {
   return new AssistantBubble(message, config, { continue: continueAnswer, rendered });
 }
@@ -261,6 +301,7 @@ function follow(bubble, conversationId, after, startedAt) {
   let askedAt = startedAt;
   const finish = () => {
     state.live.delete(bubble.id);
+    markStreaming();
     updateControls();
   };
   const stream = new MessageStream(bubble.id, after, transport, {
@@ -290,6 +331,7 @@ function follow(bubble, conversationId, after, startedAt) {
   });
   state.live.set(bubble.id, { bubble, stream, conversationId });
   stream.start();
+  markStreaming();
   updateControls();
 }
 
@@ -362,6 +404,7 @@ async function send() {
         history.pushState(null, "", `#/c/${conversationId}`);
       }
       const bubble = assistantBubble({ ...exchange.message, content: "" });
+      for (const empty of log.querySelectorAll(".empty-state")) empty.remove();
       log.append(userBubble(exchange.user_message), bubble.node);
       scrollToLatest();
       follow(bubble, conversationId, 0, askedAt);
@@ -380,8 +423,11 @@ async function send() {
 // reached (the browser is online again, or readiness answers): it is never dropped.
 const pendingStops = new Set();
 
+/** Stop the answers streaming in this conversation; false when there were none. */
 function stop() {
-  for (const entry of streamingHere()) requestStop(entry.bubble.id);
+  const entries = streamingHere();
+  for (const entry of entries) requestStop(entry.bubble.id);
+  return entries.length > 0;
 }
 
 async function requestStop(messageId) {
@@ -427,9 +473,6 @@ input.addEventListener("keydown", (e) => {
   if (e.key === "Enter" && !e.shiftKey && !e.isComposing && !touchKeyboard.matches) {
     e.preventDefault();
     send();
-  } else if (e.key === "Escape" && !stopButton.hidden) {
-    e.preventDefault();
-    stop();
   }
 });
 input.addEventListener("input", autosize);
@@ -460,6 +503,14 @@ if (config.simulation) {
 showDeveloper();
 maxTokensInput.max = String(config.maxTokensCap);
 maxTokensInput.placeholder = String(config.defaultMaxTokens);
+
+// --- theme and shortcuts ---------------------------------------------------------------
+themeSwitch($("theme"));
+installShortcuts($("shortcuts"), {
+  newConversation,
+  focusComposer: () => input.focus(),
+  stop,
+});
 
 // --- readiness: is the engine reachable? -----------------------------------------------
 function unreadyReason(body) {

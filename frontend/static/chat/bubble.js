@@ -1,8 +1,36 @@
-// Message bubbles: what a person sees of each message, including how an answer ended.
+// Message bubbles: what a person sees of each message, including how an answer ended,
+// and each message's action bar (Copy, its time on hover, and the places where
+// Regenerate and Edit go).
 
 import { el } from "./dom.js";
-import { MarkdownView } from "./markdown.js";
+import { copyWithFeedback, MarkdownView } from "./markdown.js";
 import { cutOffReason } from "./termination.js";
+
+const TIME = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
+const FULL_TIME = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "medium" });
+
+function messageTime(iso) {
+  if (!iso) return null;
+  const date = new Date(iso);
+  return el("time", { class: "time", datetime: iso, title: FULL_TIME.format(date) }, TIME.format(date));
+}
+
+/**
+ * A message's action bar: Copy (the message as its Markdown source), empty places named
+ * by `slots` for the actions other parts of the page add (`data-slot="regenerate"`,
+ * `"edit"`), and the message's time, shown on hover or focus.
+ */
+function actionBar(label, copyLabel, text, slots, createdAt) {
+  const copy = el("button", { type: "button", class: "button small action copy-message", "aria-label": copyLabel }, "Copy");
+  copy.addEventListener("click", () => copyWithFeedback(copy, text()));
+  return el(
+    "div",
+    { class: "actions", role: "toolbar", "aria-label": label },
+    copy,
+    slots.map((slot) => el("span", { class: "action-slot", "data-slot": slot })),
+    messageTime(createdAt),
+  );
+}
 
 /** What the person wrote, one block per line: each takes its own direction (`dir="auto"`),
  * so an Arabic line after a Japanese one is laid out right to left. */
@@ -12,8 +40,12 @@ export function userBubble(message) {
     "article",
     { class: "message user", "data-message-id": message.id, "aria-label": "You said" },
     el("div", { class: "bubble" }, lines),
+    actionBar("Message actions", "Copy the message", () => message.content, ["edit"], message.created_at),
   );
 }
+
+// Past this long without a token, a streaming answer says so, counting.
+const QUIET_MS = 3000;
 
 const CONNECTION_WORDS = {
   connecting: "Connecting…",
@@ -45,13 +77,23 @@ export class AssistantBubble {
       this.reason,
       this.continueButton,
     );
+    this.actionBar = actionBar(
+      "Answer actions",
+      "Copy the answer as Markdown",
+      () => this.text,
+      ["regenerate"],
+      message.created_at,
+    );
     this.node = el(
       "article",
       { class: "message assistant", "data-message-id": this.id, "aria-label": "Answer" },
       el("div", { class: "bubble" }, this.content),
       el("div", { class: "message-foot" }, this.state, this.cutOff),
+      this.actionBar,
     );
     this.pending = false;
+    this.clock = null;
+    this.error = "";
     this.render();
     if (this.status === "streaming") {
       this.setStreaming();
@@ -66,6 +108,11 @@ export class AssistantBubble {
     this.status = "streaming";
     this.node.dataset.status = "streaming";
     this.cutOff.hidden = true;
+    // Waiting for this segment's first token, then counting any silence between tokens.
+    this.segmentText = false;
+    this.lastTokenAt = performance.now();
+    clearInterval(this.clock);
+    this.clock = setInterval(() => this.showState(), 1000);
     this.connection("connecting");
   }
 
@@ -82,6 +129,14 @@ export class AssistantBubble {
     this.showState();
   }
 
+  /** While live: waiting for the first token, or how long no token has come. */
+  waiting() {
+    if (this.status !== "streaming" || this.connectionState !== "live") return "";
+    const quiet = Math.floor((performance.now() - this.lastTokenAt) / 1000);
+    if (!this.segmentText) return quiet >= 1 ? `Waiting for the first token… ${quiet} s` : "Waiting for the first token…";
+    return quiet * 1000 >= QUIET_MS ? `No tokens for ${quiet} s…` : "";
+  }
+
   showState() {
     const words = CONNECTION_WORDS[this.connectionState] ?? "";
     const stop =
@@ -90,15 +145,25 @@ export class AssistantBubble {
         : this.stop === "sent"
           ? "Stopping…"
           : "";
-    this.state.textContent = [words, stop].filter(Boolean).join(" ");
+    const text = [words || this.waiting(), stop, this.error].filter(Boolean).join(" ");
+    if (this.state.textContent !== text) this.state.textContent = text;
+    this.node.dataset.waiting = this.segmentText ? "" : "first-token";
   }
 
   event(event) {
     if (event.type === "delta") {
       this.text += event.text;
+      this.lastTokenAt = performance.now();
+      if (!this.segmentText && event.text) {
+        this.segmentText = true;
+        this.showState();
+      } else if (this.state.textContent.startsWith("No tokens")) {
+        this.showState();
+      }
       this.scheduleRender();
     } else if (event.type === "error") {
-      this.state.textContent = `Error: ${event.error ? event.error.message : "unknown"}`;
+      this.error = `Error: ${event.error ? event.error.message : "unknown"}`;
+      this.showState();
     }
   }
 
@@ -116,12 +181,16 @@ export class AssistantBubble {
   }
 
   failed(message) {
+    clearInterval(this.clock);
     this.status = "failed";
     this.node.dataset.status = "failed";
     this.state.textContent = `Could not follow this answer: ${message}`;
   }
 
   showEnd(termination) {
+    clearInterval(this.clock);
+    this.error = "";
+    this.node.dataset.waiting = "";
     const record = termination || {};
     this.status = record.status || this.status;
     this.node.dataset.status = this.status;

@@ -1,8 +1,22 @@
-// The conversation list: newest activity first, a page at a time; open, rename in place,
-// delete. It holds the conversations it was given and changes one of them at a time: a
-// send or a rename updates that entry, never refetches the list.
+// The conversation list: newest activity first, grouped Today / Yesterday / Earlier, a page
+// at a time; a marker on conversations whose answer is streaming; rename and delete from
+// each entry's menu (delete after a confirmation in the page). It holds the conversations
+// it was given and changes one at a time: a send or a rename updates that entry, never
+// refetches the list.
 
+import { confirmAction } from "./confirm.js";
 import { el } from "./dom.js";
+
+const DAY_MS = 24 * 60 * 60 * 1000;
+
+/** "Today", "Yesterday" or "Earlier", in the browser's time zone. */
+export function groupOf(isoDate, now = new Date()) {
+  const startOfToday = new Date(now.getFullYear(), now.getMonth(), now.getDate()).getTime();
+  const time = new Date(isoDate).getTime();
+  if (time >= startOfToday) return "Today";
+  if (time >= startOfToday - DAY_MS) return "Yesterday";
+  return "Earlier";
+}
 
 export class Sidebar {
   constructor(list, handlers) {
@@ -11,12 +25,17 @@ export class Sidebar {
     this.conversations = [];
     this.current = null;
     this.hasMore = false;
+    this.streaming = new Set(); // ids with an answer this tab is following
+    this.openMenu = null;
     // The end of the list: when it scrolls into view, the next page is asked for.
     this.more = el("li", { class: "more", "aria-hidden": "true" });
     this.watcher = new IntersectionObserver((entries) => {
       if (this.hasMore && entries.some((e) => e.isIntersecting)) this.handlers.more();
     });
     this.watcher.observe(this.more);
+    document.addEventListener("click", (e) => {
+      if (this.openMenu && !this.openMenu.contains(e.target)) this.closeMenu();
+    });
   }
 
   /** The first page (again): replaces what is shown. */
@@ -49,8 +68,30 @@ export class Sidebar {
     return this.conversations.find((c) => c.id === id);
   }
 
+  /** The conversations whose answers this tab follows: marked as streaming. */
+  setStreaming(ids) {
+    this.streaming = new Set(ids);
+    for (const conversation of this.conversations) {
+      if (!this.streaming.has(conversation.id)) conversation.streaming = false;
+    }
+    this.render();
+  }
+
   render() {
-    this.list.replaceChildren(...this.conversations.map((c) => this.item(c)), this.more);
+    this.closeMenu();
+    const now = new Date();
+    const items = [];
+    let group = null;
+    for (const conversation of this.conversations) {
+      const name = groupOf(conversation.updated_at, now);
+      if (name !== group) {
+        group = name;
+        items.push(el("li", { class: "group", role: "presentation" }, name));
+      }
+      items.push(this.item(conversation));
+    }
+    if (!this.conversations.length) items.push(el("li", { class: "group empty-list" }, "No conversations"));
+    this.list.replaceChildren(...items, this.more);
   }
 
   select(current) {
@@ -67,19 +108,80 @@ export class Sidebar {
   item(conversation) {
     const title = conversation.title || "Untitled";
     const selected = conversation.id === this.current;
+    const streaming = conversation.streaming || this.streaming.has(conversation.id);
     const open = el(
       "a",
       { class: "open", href: `#/c/${conversation.id}`, dir: "auto", "aria-current": selected ? "page" : null },
       title,
+      streaming ? el("span", { class: "live", title: "An answer is streaming" }, el("span", { class: "visually-hidden" }, " (streaming)")) : null,
     );
-    const rename = el("button", { type: "button", class: "button icon small rename", "aria-label": `Rename ${title}` }, "✎");
-    const remove = el("button", { type: "button", class: "button icon small delete", "aria-label": `Delete ${title}` }, "✕");
-    const item = el("li", { class: selected ? "conversation current" : "conversation", "data-id": conversation.id }, open, rename, remove);
-    rename.addEventListener("click", () => this.editTitle(item, conversation));
-    remove.addEventListener("click", () => {
-      if (window.confirm(`Delete "${title}" and all its messages?`)) this.handlers.remove(conversation.id);
+    const menuButton = el(
+      "button",
+      {
+        type: "button",
+        class: "button icon small menu-button",
+        "aria-label": `Actions for ${title}`,
+        "aria-haspopup": "menu",
+        "aria-expanded": "false",
+      },
+      "⋯",
+    );
+    const item = el(
+      "li",
+      { class: selected ? "conversation current" : "conversation", "data-id": conversation.id },
+      open,
+      menuButton,
+    );
+    menuButton.addEventListener("click", (e) => {
+      e.stopPropagation();
+      if (this.openMenu && this.openMenu.parentElement === item) this.closeMenu();
+      else this.showMenu(item, menuButton, conversation);
     });
     return item;
+  }
+
+  showMenu(item, button, conversation) {
+    this.closeMenu();
+    const title = conversation.title || "Untitled";
+    const rename = el("button", { type: "button", role: "menuitem", class: "menu-item" }, "Rename");
+    const remove = el("button", { type: "button", role: "menuitem", class: "menu-item danger-text" }, "Delete");
+    const menu = el("div", { class: "menu", role: "menu", "aria-label": `Actions for ${title}` }, rename, remove);
+    rename.addEventListener("click", () => {
+      this.closeMenu();
+      this.editTitle(item, conversation);
+    });
+    remove.addEventListener("click", async () => {
+      this.closeMenu();
+      if (await confirmAction(`Delete “${title}” and all its messages?`, "Delete")) {
+        this.handlers.remove(conversation.id);
+      } else {
+        button.focus();
+      }
+    });
+    menu.addEventListener("keydown", (e) => {
+      const entries = [rename, remove];
+      const at = entries.indexOf(document.activeElement);
+      if (e.key === "Escape") {
+        e.stopPropagation();
+        this.closeMenu();
+        button.focus();
+      } else if (e.key === "ArrowDown" || e.key === "ArrowUp") {
+        e.preventDefault();
+        entries[(at + (e.key === "ArrowDown" ? 1 : entries.length - 1)) % entries.length].focus();
+      }
+    });
+    item.append(menu);
+    button.setAttribute("aria-expanded", "true");
+    this.openMenu = menu;
+    rename.focus();
+  }
+
+  closeMenu() {
+    if (!this.openMenu) return;
+    const button = this.openMenu.parentElement && this.openMenu.parentElement.querySelector(".menu-button");
+    if (button) button.setAttribute("aria-expanded", "false");
+    this.openMenu.remove();
+    this.openMenu = null;
   }
 
   editTitle(item, conversation) {
@@ -107,6 +209,7 @@ export class Sidebar {
         e.preventDefault();
         finish(true);
       } else if (e.key === "Escape") {
+        e.stopPropagation();
         finish(false);
       }
     });
