@@ -76,12 +76,15 @@ def test_the_list_loads_a_page_at_a_time_and_a_send_refetches_one_entry(daphne, 
     expect(answer).to_have_attribute("data-status", "complete")
     expect(titles.first).to_have_text("newest")
     conversation = answer.evaluate("n => location.hash.slice(4)")
-    assert lists == [f"{server.url}/api/conversations/{conversation}/"], lists
+    # That one entry (after the send, and after the answer ended), never the list.
+    one = f"{server.url}/api/conversations/{conversation}/"
+    assert lists and set(lists) == {one}, lists
 
+    lists.clear()
     titles.last.scroll_into_view_if_needed()
     expect(titles).to_have_count(61)
     expect(titles.last).to_have_text("old 0")
-    assert lists[1:] == [f"{server.url}/api/conversations/?page=2"], lists
+    assert lists == [f"{server.url}/api/conversations/?page=2"], lists
 
 
 def test_composer_is_disabled_with_the_reason_while_the_engine_is_down(open_chat, daphne):

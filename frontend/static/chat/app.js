@@ -303,6 +303,8 @@ function follow(bubble, conversationId, after, startedAt) {
     state.live.delete(bubble.id);
     markStreaming();
     updateControls();
+    // The conversation's entry after its answer: activity time, a title the engine wrote.
+    conversationChanged(conversationId);
   };
   const stream = new MessageStream(bubble.id, after, transport, {
     event: (event) => {
