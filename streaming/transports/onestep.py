@@ -11,7 +11,8 @@ them from the start. Any other answer (an error, a 201 that started nothing) goe
 Django wrote it. A client that loses the stream resumes with that GET and
 ``Last-Event-ID``, as after any dropped stream.
 
-Applies to ``POST /api/conversations/<id>/messages/``, ``/regenerate/`` and ``/edit/``.
+Applies to ``POST /api/conversations/<id>/messages/``, ``POST /api/messages/`` (a new
+conversation), ``/regenerate/`` and ``/edit/``: any POST whose 201 describes a started answer.
 """
 
 from __future__ import annotations

@@ -74,6 +74,29 @@ async def test_a_post_that_asks_for_the_stream_gets_it_with_the_created_ids(
         assert plain.status_code == 201 and set(plain.json()) == set(created.data)
 
 
+async def test_a_new_conversations_first_message_streams_in_one_step_too(daphne, account) -> None:
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        body = {"content": "first of all", "params": QUICK}
+        response, events = await post_streaming(api, "/api/messages/", body, auth(account.token))
+        assert response.status_code == 200
+        created = events[0]
+        assert created.event == "created"
+        message = created.data["message"]
+        assert events[-1].data["type"] == "done"
+        stored = await wait_for_status(api, account.token, message["id"])
+        assert text_of([e.data for e in events[1:]]) == stored["content"]
+        listed = await api.get("/api/conversations/", headers=auth(account.token))
+        assert [c["id"] for c in listed.json()["results"]] == [message["conversation"]]
+        # Refused: the JSON error, and still only that one conversation.
+        refused, _ = await post_streaming(
+            api, "/api/messages/", {"content": "x", "params": {"top_p": 7}}, auth(account.token)
+        )
+        assert refused.status_code == 400 and refused.json()["error"]["field"] == "params.top_p"
+        listed = await api.get("/api/conversations/", headers=auth(account.token))
+        assert listed.json()["count"] == 1
+
+
 async def test_refusals_are_the_rest_apis_own(daphne, account, other_account) -> None:
     server = daphne()
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
