@@ -75,6 +75,8 @@ export const conversations = {
   rename: (id, title) => request("PATCH", `/api/conversations/${id}/`, { title }),
   remove: (id) => request("DELETE", `/api/conversations/${id}/`),
   messages: (id) => allPages(`/api/conversations/${id}/messages/`),
+  /** Show the branch through `messageId` (down its latest answers). */
+  switchTo: (id, messageId) => request("PATCH", `/api/conversations/${id}/`, { current_leaf: messageId }),
 };
 
 export const messages = {
@@ -85,6 +87,8 @@ export const messages = {
   get: (id) => request("GET", `/api/messages/${id}/`),
   cancel: (id) => request("POST", `/api/messages/${id}/cancel/`),
   continue: (id) => request("POST", `/api/messages/${id}/continue/`),
+  regenerate: (id) => request("POST", `/api/messages/${id}/regenerate/`, {}),
+  edit: (id, content, params) => request("POST", `/api/messages/${id}/edit/`, { content, params }),
 };
 
 export async function readiness() {

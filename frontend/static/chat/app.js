@@ -3,10 +3,12 @@
 // person picked (SSE or WebSocket), which both speak the same event protocol.
 
 import { ApiError, conversations, messages, readiness } from "./api.js";
+import { decorate } from "./branches.js";
 import { AssistantBubble, userBubble } from "./bubble.js";
 import { Drafts } from "./drafts.js";
 import { emptyState } from "./empty.js";
 import { describe } from "./errors.js";
+import { followFeed } from "./feed.js";
 import { Notice } from "./notice.js";
 import { installShortcuts } from "./shortcuts.js";
 import { Sidebar } from "./sidebar.js";
@@ -41,6 +43,8 @@ const state = {
   live: new Map(),
   ready: true,
   sending: false,
+  // A regenerate, edit or branch switch of this tab is on its way (its feed event is ours).
+  branching: false,
   loads: 0,
   // The sidebar's next page of conversations (a path), while one is being fetched.
   nextPage: null,
@@ -257,20 +261,25 @@ async function openConversation(id) {
   if (!loaded.length) showEmpty();
   for (const message of loaded) {
     if (message.role !== "assistant") {
-      log.append(userBubble(message));
+      const node = userBubble(message);
+      decorate(node, message, branchActions);
+      log.append(node);
       continue;
     }
     const followed = state.live.get(message.id);
+    let node;
     if (followed) {
-      log.append(followed.bubble.node);
+      node = followed.bubble.node;
     } else if (message.status === "streaming") {
       // Replay the whole log: the persisted content may lag behind the stream.
       const bubble = assistantBubble({ ...message, content: "" });
-      log.append(bubble.node);
+      node = bubble.node;
       follow(bubble, id, 0, null);
     } else {
-      log.append(assistantBubble(message).node);
+      node = assistantBubble(message).node;
     }
+    decorate(node, message, branchActions);
+    log.append(node);
     if (message.termination && message.termination.ttft_ms != null) showTtft(message.termination.ttft_ms);
   }
   scrollToLatest();
@@ -352,6 +361,62 @@ async function continueAnswer(bubble) {
   follow(bubble, state.conversationId, answer.after, askedAt);
 }
 
+// --- versions: regenerate, edit, switch ------------------------------------------------
+/** Run a change of branch, then show the conversation's branch as the server has it
+ * (a new answer in it is followed like any streaming answer). True when it worked. */
+async function changeBranch(change) {
+  const id = state.conversationId;
+  state.branching = true;
+  notices.clear();
+  try {
+    await change();
+    if (state.conversationId === id) await openConversation(id);
+    return true;
+  } catch (error) {
+    showError(error);
+    return false;
+  } finally {
+    state.branching = false;
+  }
+}
+
+const branchActions = {
+  regenerate: (messageId) => changeBranch(() => messages.regenerate(messageId)),
+  edit: (messageId, content) => changeBranch(() => messages.edit(messageId, content, generationParams())),
+  switchTo: (messageId) => changeBranch(() => conversations.switchTo(state.conversationId, messageId)),
+};
+
+// --- other tabs ------------------------------------------------------------------------
+// What this person did elsewhere: the sidebar follows, and the open conversation shows a
+// message sent from another tab (and follows its answer) or a branch switched there.
+function shownHere(messageId) {
+  return state.live.has(messageId) || log.querySelector(`[data-message-id="${CSS.escape(messageId)}"]`);
+}
+
+followFeed({
+  event: (frame) => {
+    const open = frame.conversation === state.conversationId;
+    if (frame.event === "conversation.deleted") {
+      sidebar.forget(frame.conversation);
+      if (open) location.hash = "";
+      return;
+    }
+    if (frame.event === "conversation.created" || frame.event === "conversation.updated") {
+      conversationChanged(frame.conversation);
+      return;
+    }
+    conversationChanged(frame.conversation);
+    if (!open || state.sending || state.branching) return;
+    if (frame.event === "message.created" && shownHere(frame.message_id)) return;
+    if (frame.event === "message.continued" && state.live.has(frame.message_id)) return;
+    openConversation(state.conversationId);
+  },
+  reconnected: () => {
+    loadConversations();
+    if (state.conversationId && !state.sending && !state.branching) openConversation(state.conversationId);
+  },
+});
+
 // --- the composer ----------------------------------------------------------------------
 function streamingHere() {
   return [...state.live.values()].filter((entry) => entry.conversationId === state.conversationId);
@@ -407,7 +472,10 @@ async function send() {
       }
       const bubble = assistantBubble({ ...exchange.message, content: "" });
       for (const empty of log.querySelectorAll(".empty-state")) empty.remove();
-      log.append(userBubble(exchange.user_message), bubble.node);
+      const question = userBubble(exchange.user_message);
+      decorate(question, exchange.user_message, branchActions);
+      decorate(bubble.node, exchange.message, branchActions);
+      log.append(question, bubble.node);
       scrollToLatest();
       follow(bubble, conversationId, 0, askedAt);
     }

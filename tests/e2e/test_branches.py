@@ -1,0 +1,98 @@
+"""Versions in the page (real Chromium, real Daphne): regenerate, step through them, edit a
+question and resend, the branch kept across a reload, and a second tab in step."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.chatpage import ChatPage
+
+pytestmark = pytest.mark.e2e
+
+QUICK = {"length": 8, "ttft_ms": 0, "tokens_per_second": 200}
+
+
+def finished(bubble) -> None:
+    expect(bubble).not_to_have_attribute("data-status", "streaming")
+
+
+def test_regenerate_step_through_versions_edit_and_reload(open_chat) -> None:
+    chat = open_chat()
+    page = chat.page
+    first = chat.ask("Tell me about rivers", **QUICK)
+    finished(first)
+    answers = page.locator("article.message.assistant")
+    ids = [first.get_attribute("data-message-id")]
+    for version in (2, 3):
+        answers.last.get_by_role("button", name="Regenerate this answer").click()
+        counter = answers.last.locator(".version-count")
+        expect(counter).to_have_text(f"{version} / {version}")
+        finished(answers.last)
+        ids.append(answers.last.get_attribute("data-message-id"))
+    assert len(set(ids)) == 3 and answers.count() == 1, "one answer shown, three versions"
+
+    answers.last.get_by_role("button", name="Previous version").click()
+    expect(answers.last.locator(".version-count")).to_have_text("2 / 3")
+    expect(answers.last).to_have_attribute("data-message-id", ids[1])
+    answers.last.get_by_role("button", name="Previous version").click()
+    expect(answers.last).to_have_attribute("data-message-id", ids[0])
+    expect(answers.last.get_by_role("button", name="Previous version")).to_be_disabled()
+
+    question = page.locator("article.message.user").last
+    question.get_by_role("button", name="Edit this message").click()
+    page.get_by_label("Edit your message").fill("Tell me about lakes")
+    page.get_by_role("button", name="Save and Send").click()
+    question = page.locator("article.message.user").last
+    expect(question.locator(".version-count")).to_have_text("2 / 2")
+    expect(question.locator(".bubble")).to_have_text("Tell me about lakes")
+    finished(answers.last)
+    edited_answer = answers.last.get_attribute("data-message-id")
+    assert edited_answer not in ids
+    chat.screenshot("branches-edited")
+
+    page.reload()
+    chat.wait_ready()
+    expect(page.locator("article.message.user").last.locator(".bubble")).to_have_text(
+        "Tell me about lakes"
+    )
+    expect(page.locator("article.message.assistant").last).to_have_attribute(
+        "data-message-id", edited_answer
+    )
+    page.locator("article.message.user").last.get_by_role("button", name="Previous version").click()
+    expect(page.locator("article.message.user").last.locator(".bubble")).to_have_text(
+        "Tell me about rivers"
+    )
+    # The branch through the old question goes down its latest answer.
+    expect(page.locator("article.message.assistant").last).to_have_attribute(
+        "data-message-id", ids[2]
+    )
+    assert chat.errors == []
+
+
+def test_a_second_tab_shows_what_the_first_sent_and_follows_its_answer(open_chat) -> None:
+    chat = open_chat()
+    first = chat.ask("Hello from the first tab", **QUICK)
+    finished(first)
+    match = re.search(r"#/c/([0-9a-f-]+)", chat.page.url)
+    assert match, chat.page.url
+    other = ChatPage(chat.context, chat.base_url, chat.api_url, chat.token)
+    other.page.goto(f"{chat.base_url}/#/c/{match.group(1)}")
+    other.wait_ready()
+    expect(other.page.locator("article.message.assistant")).to_have_count(1)
+
+    slow = {"length": 40, "ttft_ms": 0, "tokens_per_second": 20}
+    sent = chat.ask("And a second question", **slow)
+    seen = other.page.locator("article.message.assistant").last
+    expect(other.page.locator("article.message.user").last.locator(".bubble")).to_have_text(
+        "And a second question"
+    )
+    expect(seen).to_have_attribute("data-message-id", sent.get_attribute("data-message-id") or "")
+    expect(seen).to_have_attribute("data-status", "streaming")  # followed live, not reloaded
+    finished(seen)
+    finished(sent)
+    expect(chat.content(seen)).to_have_text(chat.content(sent).inner_text())
+    assert chat.wait_for_server_status(sent, "complete")["content"]
+    assert other.errors == []
