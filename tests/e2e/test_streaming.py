@@ -31,7 +31,14 @@ def test_answer_appears_as_it_streams(open_chat, transport):
     chat.wait_ready()
     expect(page.get_by_label("WebSocket" if transport == "ws" else "SSE")).to_be_checked()
     streams = []
-    page.on("request", lambda r: "/stream/" in r.url and streams.append(r.url))
+    one_step = "text/event-stream"  # the POST that asks for its answer's stream
+    page.on(
+        "request",
+        lambda r: (
+            ("/stream/" in r.url or one_step in r.headers.get("accept", ""))
+            and streams.append(r.url)
+        ),
+    )
     page.on("websocket", lambda ws: streams.append(ws.url))
     page.evaluate(RECORD_STATES)
 
@@ -63,7 +70,8 @@ def test_answer_appears_as_it_streams(open_chat, transport):
     if transport == "ws":
         assert streams and all(url.endswith("/ws/chat/") for url in streams), streams
     else:
-        assert streams and all("/stream/" in url for url in streams), streams
+        # One request per answer: it came with its POST.
+        assert streams and all(url.endswith("/messages/") for url in streams), streams
     assert chat.errors == []
 
 

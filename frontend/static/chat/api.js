@@ -1,5 +1,7 @@
 // The REST API, with the session cookie and Django's CSRF token on unsafe requests.
 
+import { openedPost } from "./transports/post.js";
+
 export class ApiError extends Error {
   constructor(status, body) {
     const error = body && body.error ? body.error : null;
@@ -25,16 +27,38 @@ function csrfToken() {
   return "";
 }
 
-export async function request(method, path, body) {
-  const headers = { Accept: "application/json" };
+function send(method, path, body, accept) {
+  const headers = { Accept: accept };
   if (method !== "GET" && method !== "HEAD") headers["X-CSRFToken"] = csrfToken();
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(path, {
+  return fetch(path, {
     method,
     headers,
     credentials: "same-origin",
     body: body === undefined ? undefined : JSON.stringify(body),
   });
+}
+
+export async function request(method, path, body) {
+  return answerOf(await send(method, path, body, "application/json"));
+}
+
+/**
+ * A POST that starts an answer, asked for its stream (one request per answer): resolves
+ * with `{created, connection}` once the server said what it created (the 201's body), with
+ * the response still streaming the answer's events (`connection`, see
+ * `transports/post.js`). A refusal throws as `request` does.
+ */
+export async function startStreaming(path, body) {
+  const response = await send("POST", path, body, "text/event-stream");
+  const type = response.headers.get("content-type") || "";
+  if (!response.ok || !type.startsWith("text/event-stream")) {
+    return { created: await answerOf(response), connection: null };
+  }
+  return openedPost(response);
+}
+
+async function answerOf(response) {
   if (response.status === 401 || response.status === 403) {
     const data = await response.json().catch(() => null);
     if (response.status === 401 || (data && data.error && data.error.code === "not_authenticated")) {
@@ -79,11 +103,19 @@ export const conversations = {
   switchTo: (id, messageId) => request("PATCH", `/api/conversations/${id}/`, { current_leaf: messageId }),
 };
 
+/** A POST that starts an answer: `{created, connection}`; with `stream`, the answer comes
+ * back in the same request (`startStreaming`), else `connection` is null and the answer is
+ * read over the transport. */
+function starting(path, body, stream) {
+  if (stream) return startStreaming(path, body);
+  return request("POST", path, body).then((created) => ({ created, connection: null }));
+}
+
 export const messages = {
-  post: (conversationId, content, params) =>
-    request("POST", `/api/conversations/${conversationId}/messages/`, { content, params }),
+  post: (conversationId, content, params, stream) =>
+    starting(`/api/conversations/${conversationId}/messages/`, { content, params }, stream),
   /** The first message of a new conversation: made together, or not at all. */
-  start: (content, params) => request("POST", "/api/messages/", { content, params }),
+  start: (content, params, stream) => starting("/api/messages/", { content, params }, stream),
   get: (id) => request("GET", `/api/messages/${id}/`),
   cancel: (id) => request("POST", `/api/messages/${id}/cancel/`),
   continue: (id) => request("POST", `/api/messages/${id}/continue/`),

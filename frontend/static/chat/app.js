@@ -305,8 +305,9 @@ function showTtft(ms) {
   ttftLine.textContent = `First token ${Math.round(ms)} ms`;
 }
 
-/** Follow an answer from `after`; `startedAt` is when the person asked, for the TTFT. */
-function follow(bubble, conversationId, after, startedAt) {
+/** Follow an answer from `after`; `startedAt` is when the person asked, for the TTFT;
+ * `first`: the connection already streaming it (the POST that created it), if any. */
+function follow(bubble, conversationId, after, startedAt, first = null) {
   let askedAt = startedAt;
   const finish = () => {
     state.live.delete(bubble.id);
@@ -339,7 +340,7 @@ function follow(bubble, conversationId, after, startedAt) {
       bubble.failed(message);
       finish();
     },
-  });
+  }, first);
   state.live.set(bubble.id, { bubble, stream, conversationId });
   stream.start();
   markStreaming();
@@ -455,9 +456,12 @@ async function send() {
     const askedAt = performance.now();
     // A new conversation is made with its first message, or not at all: a refused
     // message leaves no empty conversation behind.
-    const exchange = startedIn
-      ? await messages.post(startedIn, content, params)
-      : await messages.start(content, params);
+    // Over SSE, one request: the POST answers with the answer's stream, the created ids
+    // first. Over WebSocket the answer is read on the socket, as every other.
+    const oneStep = transport() === "sse";
+    const { created: exchange, connection } = startedIn
+      ? await messages.post(startedIn, content, params, oneStep)
+      : await messages.start(content, params, oneStep);
     const conversationId = exchange.message.conversation;
     drafts.sent(startedIn);
     // The simulation settings are for one message: they never stick to the next ones.
@@ -477,7 +481,12 @@ async function send() {
       decorate(bubble.node, exchange.message, branchActions);
       log.append(question, bubble.node);
       scrollToLatest();
-      follow(bubble, conversationId, 0, askedAt);
+      follow(bubble, conversationId, 0, askedAt, connection);
+    } else if (connection) {
+      // Sent from a conversation no longer shown: followed like any answer, so it is not
+      // abandoned (the stream goes on as long as someone reads it).
+      const bubble = assistantBubble({ ...exchange.message, content: "" });
+      follow(bubble, conversationId, 0, null, connection);
     }
     conversationChanged(conversationId);
   } catch (error) {

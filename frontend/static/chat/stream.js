@@ -21,9 +21,12 @@ export class MessageStream {
    * @param {number} after  the cursor: the seq of the last event already shown
    * @param {() => string} transport  "sse" or "ws", read at every (re)connection
    * @param {object} view  {event(e), connection(state, detail), ended(record), failed(message)}
+   * @param {object|null} first  a connection already streaming this message (the POST
+   *   that created it: `transports/post.js`), used for the first open instead of one made
    */
-  constructor(messageId, after, transport, view) {
+  constructor(messageId, after, transport, view, first = null) {
     this.messageId = messageId;
+    this.first = first;
     this.cursor = after;
     this.transport = transport;
     this.view = view;
@@ -65,14 +68,21 @@ export class MessageStream {
   open() {
     this.timer = null;
     this.receivedSinceOpen = false;
-    const open = TRANSPORTS[this.transport()] || openSse;
-    this.connection = open(this.messageId, this.cursor, {
+    const sink = {
       opened: () => this.opened(),
       event: (e) => this.apply(e),
       lost: (reason) => this.lost(reason),
       subscribed: (status) => this.subscribed(status),
       failed: (message) => this.fail(message),
-    });
+    };
+    if (this.first) {
+      const first = this.first;
+      this.first = null;
+      this.connection = first.attach(sink);
+      return;
+    }
+    const open = TRANSPORTS[this.transport()] || openSse;
+    this.connection = open(this.messageId, this.cursor, sink);
   }
 
   opened() {
