@@ -46,6 +46,12 @@ class Conflict(ServiceError):
     code = "conflict"
 
 
+class ContextFull(Conflict):
+    """The answer already fills the model's context: nothing can be added to it."""
+
+    code = "context_full"
+
+
 class TooManyGenerations(ServiceError):
     status = 429
     code = "too_many_generations"

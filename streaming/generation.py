@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 from streaming import database, events, metrics, signals
 from streaming.conf import streaming_settings
 from streaming.detokenize import Detokenizer
-from streaming.engines.base import Engine, EngineChunk, EngineError, EngineRequest
+from streaming.engines.base import (
+    Engine,
+    EngineChunk,
+    EngineContextFull,
+    EngineError,
+    EngineRequest,
+)
 from streaming.hub import Hub
 from streaming.logcontext import stream_context
 from streaming.persistence import Partial, finalize_segment
@@ -242,6 +248,7 @@ class Generation:
             termination.error_type = exc.type
             termination.error_message = exc.message
             termination.error_code = None if exc.code is None else str(exc.code)
+            termination.context_full = isinstance(raised, EngineContextFull)
             metrics.engine_error(exc.type)
             await self._emit_error(exc)
         except (asyncio.CancelledError, Cancelled) as exc:
@@ -347,8 +354,12 @@ class Generation:
     def _apply_finish(self, termination: Termination, chunk: EngineChunk) -> None:
         reason = None if chunk.finish_reason is None else storable(chunk.finish_reason)
         termination.finish_reason = reason
+        termination.context_full = chunk.context_full
         if reason == "length":
             termination.status = Status.TRUNCATED.value
+        elif reason == "repetition":
+            # vLLM's repetition detection ended it: finished on purpose, like a stop.
+            termination.status = Status.STOPPED.value
         elif reason == "stop" and chunk.stop_reason is not None:
             termination.status = Status.STOPPED.value
             stop = chunk.stop_reason

@@ -187,6 +187,7 @@ ENGINE_ERROR_TYPES = frozenset(
         "EngineProtocolError",
         "EngineAborted",
         "EngineError",
+        "ContextFull",
         # OpenAI's names, which vLLM's error bodies use
         "BadRequestError",
         "AuthenticationError",

@@ -112,6 +112,7 @@ class Segment(models.Model):
     error_type = models.CharField(max_length=100, blank=True, null=True)
     error_message = models.TextField(blank=True, null=True)
     error_code = models.CharField(max_length=64, blank=True, null=True)
+    context_full = models.BooleanField(default=False)
     # Which process generates/generated it ("host:pid:start"), for the reaper.
     worker = models.CharField(max_length=200, blank=True, default="", db_index=True)
     started_at = models.DateTimeField(auto_now_add=True)

@@ -42,7 +42,8 @@ NUMBERS: dict[str, Number] = {
     "max_tokens": Number(integer=True, low=1, high="MAX_TOKENS_CAP"),
     "temperature": Number(integer=False, low=0, high=2),
     "top_p": Number(integer=False, low=0, high=1),
-    "seed": Number(integer=True),
+    # An int64, as vLLM (and PyTorch's generators) take it.
+    "seed": Number(integer=True, low=-(2**63), high=2**63 - 1),
 }
 # ``stop``: a string or a list of at most MAX_STOP_SEQUENCES strings of 1..MAX_STOP_CHARS.
 MAX_STOP_CHARS = 200
@@ -63,8 +64,12 @@ def _number(name: str, spec: Number, value: Any) -> int | float:
         raise ParamError(field, "must be a number")
     low, high = spec.bounds()
     if (low is not None and value < low) or (high is not None and value > high):
-        raise ParamError(field, f"must be between {low:g} and {high:g}")
+        raise ParamError(field, f"must be between {_shown(low)} and {_shown(high)}")
     return value if spec.integer else float(value)
+
+
+def _shown(bound: float | None) -> str:
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
 def _stop(raw: Any) -> list[str]:

@@ -103,6 +103,7 @@ def finalize_segment(
             error_type=t.error_type,
             error_message=t.error_message,
             error_code=t.error_code,
+            context_full=t.context_full,
             ended_at=now,
         )
         if not updated:

@@ -24,6 +24,7 @@ from streaming.conf import streaming_settings
 from streaming.engines.base import ChatTurn, EngineRequest
 from streaming.errors import (
     Conflict,
+    ContextFull,
     InvalidParams,
     NotFound,
     ServiceError,
@@ -354,6 +355,11 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
         if message.status in NATURAL_ENDS:
             raise Conflict(
                 f"this message ended {message.status}: it is finished and cannot be continued"
+            )
+        if message.termination.get("context_full"):
+            raise ContextFull(
+                "this answer fills the model's context: a Continue cannot add anything; "
+                "start a new conversation instead"
             )
         _check_capacity(user)
         last = message.segments.order_by("-index").first()

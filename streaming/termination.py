@@ -50,6 +50,8 @@ class Termination:
     error_type: str | None = None
     error_message: str | None = None
     error_code: str | None = None
+    # The prompt and the answer fill the model's context: no Continue can add anything.
+    context_full: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -81,7 +81,7 @@ class SegmentSerializer(serializers.ModelSerializer):
             "index", "start_offset", "end_offset", "first_seq", "status", "finish_reason",
             "stop_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "duration_ms",
             "has_unclosed_code_block", "is_valid_json", "error_type", "error_message",
-            "error_code", "started_at", "ended_at",
+            "error_code", "context_full", "started_at", "ended_at",
         ]  # fmt: skip
 
 

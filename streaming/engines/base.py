@@ -50,8 +50,10 @@ class EngineChunk:
     token bytes (byte-level BPE) set ``token_bytes`` and leave decoding to the service.
 
     ``tokens`` is how many model tokens this chunk carries (0 for bookkeeping chunks).
-    ``finish_reason`` is set on the last chunk only. ``emitted_at`` is the engine's
-    wall-clock stamp for the chunk (simulator in bench mode), used to measure added latency.
+    ``finish_reason`` is set on the last chunk only; ``context_full`` on it says that the
+    prompt and the answer fill the model's whole context (nothing more can follow).
+    ``emitted_at`` is the engine's wall-clock stamp for the chunk (simulator in bench
+    mode), used to measure added latency.
     """
 
     text: str = ""
@@ -61,6 +63,7 @@ class EngineChunk:
     stop_reason: str | int | None = None
     usage: Usage | None = None
     emitted_at: float | None = None
+    context_full: bool = False
 
 
 class EngineError(Exception):
@@ -84,6 +87,15 @@ class EngineUnavailable(EngineError):
 
     def __init__(self, message: str):
         super().__init__(message, type="EngineUnavailable", code="engine_unavailable")
+
+
+class EngineContextFull(EngineError):
+    """The conversation is as long as the model's context, or longer: the engine cannot
+    generate a single token for it. Distinct because it will fail the same way every
+    time, so nobody should be offered a retry or a Continue."""
+
+    def __init__(self, message: str):
+        super().__init__(message, type="ContextFull", code="context_full")
 
 
 class EngineTimeout(EngineError):

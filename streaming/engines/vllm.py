@@ -10,13 +10,20 @@ Works with any OpenAI-compatible server, but the wire details it relies on are v
   last choice chunk, then a usage chunk with ``choices: []``;
 - errors after the 200 arrive in-band as ``data: {"error": {...}}`` followed by ``[DONE]``;
 - closing the HTTP response aborts the request inside vLLM, so cancelling our iterator is
-  the abort - there is no separate abort call.
+  the abort - there is no separate abort call;
+- ``max_tokens`` above the model's context is a 400 (the client clamps it to the context
+  it reads from ``/v1/models``), while a prompt that leaves too little room is served to
+  the context's end (``length``); a prompt that leaves none is a 400 with ``param`` set
+  (``EngineContextFull``);
+- error ``type``s are OpenAI's exception names, except validation errors ("Bad Request",
+  an HTTP reason phrase): every type is read as the OpenAI name.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
@@ -26,6 +33,7 @@ from httpx_sse import EventSource, SSEError
 
 from .base import (
     EngineChunk,
+    EngineContextFull,
     EngineError,
     EngineRequest,
     EngineTimeout,
@@ -48,6 +56,20 @@ _TYPE_BY_STATUS = {
     422: "UnprocessableEntityError",
     429: "RateLimitError",
 }
+# vLLM's validation errors carry an HTTP reason phrase as their type ("Bad Request").
+_TYPE_BY_REASON = {
+    **{
+        name.removesuffix("Error").lower(): name
+        for name in (*_TYPE_BY_STATUS.values(), "InternalServerError", "NotImplementedError")
+    },
+    "unauthorized": "AuthenticationError",
+    "forbidden": "PermissionDeniedError",
+    "toomanyrequests": "RateLimitError",
+}
+# The request parameters vLLM names when the prompt leaves no room for a single token:
+# the prompt itself, or the max_tokens it lowered to what fits (0; we never send 0).
+_CONTEXT_PARAMS = frozenset({"input_tokens", "max_tokens", "max_completion_tokens"})
+_NO_ROOM = re.compile(r"\b(got 0|value=0)\b|maximum context length")
 # A gateway in front of vLLM answering for it means vLLM itself cannot serve right now.
 _UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 # Error bodies are small; never buffer an arbitrarily large one (a misrouted proxy page).
@@ -87,6 +109,8 @@ class VLLMEngine:
         self.base_url = root
         self.model = model
         self.read_timeout = read_timeout
+        # Each model's context length once /v1/models told it (None: it does not say).
+        self._contexts: dict[str, int | None] = {}
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # One client per engine: connection reuse is what keeps TTFT low under load, and
         # the pool bound keeps a burst of users from opening unbounded sockets to vLLM.
@@ -120,8 +144,9 @@ class VLLMEngine:
         than the read timeout), ``EngineError`` (HTTP error, in-band error, or the stream
         ending without a finish - type ``EngineDisconnected``).
         """
-        body = self._request_body(request)
-        parser = _ChunkParser()
+        context = await self.context_length(request.model or self.model)
+        body = self._request_body(request, context)
+        parser = _ChunkParser(context)
         try:
             async with self._client.stream(
                 "POST",
@@ -154,17 +179,37 @@ class VLLMEngine:
             raise EngineError(str(exc), type="EngineProtocolError", code="bad_stream") from exc
         yield parser.finish()
 
-    def _request_body(self, request: EngineRequest) -> dict[str, Any]:
+    async def context_length(self, model: str) -> int | None:
+        """The model's context length (``max_model_len`` in ``/v1/models``), asked once.
+
+        ``None`` when the server does not say or cannot be asked now (asked again next
+        time): the request then goes out unclamped, and vLLM's answer says what is wrong.
+        """
+        if model in self._contexts:
+            return self._contexts[model]
+        try:
+            cards = await self.models()
+        except EngineError:
+            return None
+        for card in cards:
+            self._contexts[card.id] = card.max_model_len
+        return self._contexts.setdefault(model, None)
+
+    def _request_body(self, request: EngineRequest, context: int | None) -> dict[str, Any]:
+        # A max_tokens over the whole context is a 400 in vLLM; up to it, vLLM lowers it
+        # to what the prompt leaves. So the budget asked for is what the context allows.
+        max_tokens = request.max_tokens if context is None else min(request.max_tokens, context)
         body: dict[str, Any] = {
             "model": request.model or self.model,
             "messages": [{"role": t.role, "content": t.content} for t in request.messages],
             "stream": True,
+            # include_usage defaults to false: without it there is no usage chunk.
             "stream_options": {"include_usage": True},
             # max_completion_tokens is OpenAI's current name; older vLLM releases and some
             # other OpenAI-compatible servers only know max_tokens. vLLM uses
             # max_completion_tokens when both are set.
-            "max_completion_tokens": request.max_tokens,
-            "max_tokens": request.max_tokens,
+            "max_completion_tokens": max_tokens,
+            "max_tokens": max_tokens,
         }
         if request.temperature is not None:
             body["temperature"] = request.temperature
@@ -179,6 +224,12 @@ class VLLMEngine:
             # (which defaults to true) with a 400.
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
+            if request.messages and request.messages[-1].content:
+                # The answer is past its reasoning: what follows is answer too. Qwen3's
+                # template and vLLM's qwen3 reasoning parser read this flag (the parser
+                # takes everything before a </think> for reasoning otherwise); other
+                # templates ignore it.
+                body["chat_template_kwargs"] = {"enable_thinking": False}
         return body
 
     async def models(self) -> list[ModelInfo]:
@@ -191,7 +242,7 @@ class VLLMEngine:
             raise await _http_error(response)
         try:
             cards = response.json()["data"]
-            return [
+            models = [
                 ModelInfo(
                     id=card["id"],
                     owned_by=card.get("owned_by", ""),
@@ -205,6 +256,9 @@ class VLLMEngine:
                 type="EngineProtocolError",
                 code="bad_response",
             ) from exc
+        for model in models:
+            self._contexts[model.id] = model.max_model_len
+        return models
 
     async def health(self) -> bool:
         """True when ``/health`` answers 200 quickly; never raises.
@@ -246,7 +300,8 @@ class _ChunkParser:
     it, and so that ``finish_reason`` is on the very last chunk the service sees.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, context: int | None = None) -> None:
+        self.context = context  # the model's context length, when known
         self.tokens_yielded = 0
         self.pending_tokens = 0  # empty-content chunks not yet attributed to a text chunk
         self.last_usage_tokens: int | None = None  # continuous_usage_stats, when present
@@ -323,6 +378,9 @@ class _ChunkParser:
         final.usage = self.usage
         if self.usage is not None:
             final.tokens = max(0, self.usage.completion_tokens - self.tokens_yielded)
+            used = self.usage.prompt_tokens + self.usage.completion_tokens
+            filled = self.context is not None and used >= self.context
+            final.context_full = final.finish_reason == "length" and filled
         return final
 
 
@@ -341,7 +399,30 @@ async def _http_error(response: httpx.Response) -> EngineError:
     error = _error_from_body(body, status=response.status_code, text=text)
     if response.status_code in _UNAVAILABLE_STATUSES:
         return EngineUnavailable(f"vLLM unavailable (HTTP {response.status_code}): {error.message}")
+    if response.status_code == 400 and _no_room(body):
+        return EngineContextFull(
+            "the conversation fills the model's context: it cannot answer any further "
+            f"(the engine said: {error.message})"
+        )
     return error
+
+
+def _no_room(body: Any) -> bool:
+    """Whether a 400 says the prompt leaves no room for a single token of answer."""
+    inner = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(inner, dict):
+        return False
+    return inner.get("param") in _CONTEXT_PARAMS and bool(
+        _NO_ROOM.search(str(inner.get("message", "")))
+    )
+
+
+def canonical_type(raw: str, status: int | None) -> str:
+    """OpenAI's exception name for an error type vLLM may spell as a reason phrase."""
+    if raw in _TYPE_BY_STATUS.values():
+        return raw
+    known = _TYPE_BY_REASON.get(raw.replace(" ", "").removesuffix("Error").lower())
+    return known or raw
 
 
 def _error_from_body(body: Any, status: int | None, text: str = "") -> EngineError:
@@ -360,7 +441,7 @@ def _error_from_body(body: Any, status: int | None, text: str = "") -> EngineErr
         if isinstance(inner, dict) and "message" in inner:
             return EngineError(
                 str(inner["message"]),
-                type=str(inner.get("type") or fallback_type),
+                type=canonical_type(str(inner.get("type") or fallback_type), status),
                 code=inner.get("code", status),
             )
         if isinstance(inner, str):

@@ -54,6 +54,8 @@ def run_emulator(
         timeout_graceful_shutdown=1,
     )
     server = uvicorn.Server(config)
+    # An engine core that died takes the server down (die_after_tokens).
+    app.state.emulator.on_exit = lambda: setattr(server, "should_exit", True)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name=f"vllm-emulator-{port}", daemon=True
     )

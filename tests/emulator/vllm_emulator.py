@@ -1,9 +1,13 @@
 """An emulator of vLLM's OpenAI-compatible server, faithful on the wire, scripted per request.
 
-Why it exists: our vLLM client, the generation service and the fault tests need a server that
-behaves like vLLM byte for byte (see ``docs/vllm-wire.md``) - role chunk at TTFT,
-empty-content chunks, several tokens per chunk, ``stop_reason``, usage chunk, in-band
-errors, and aborting the request when the client closes the connection - without a GPU.
+Why it exists: the fault tests need a server that behaves like vLLM byte for byte (see
+``docs/vllm-wire.md``) and can be made to fail in ways a real one cannot be made to on
+demand - a drop, a stall, an in-band error, an engine that dies. Everything else runs
+against the real vLLM (``tests/vllm``), whose captures this emulator copies: vLLM 0.32
+served without reasoning or tool-call parsers (role chunk at TTFT, empty-content chunks
+for partial characters, ``token_ids``/``prompt_token_ids`` fields, ``stop_reason``, the
+usage chunk only on ``include_usage``, context clamping, "Bad Request" validation errors,
+aborting the request when the client closes the connection).
 
 Each chat request is scripted by a directive in the *last user message*::
 
@@ -16,7 +20,8 @@ Keys (all optional; unknown keys are a 400 so typos do not pass silently):
 ``tokens``              generate this many tokens of the default text instead
 ``ttft_ms``             delay before the first output (default 20)
 ``tokens_per_second``   decode speed (default 250; 0 = no delay)
-``chunk_tokens``        tokens per chunk, cycled (default ``[1, 1, 1, 1, 1, 3]``)
+``chunk_tokens``        tokens per chunk, cycled (default ``[1]``: several tokens in one chunk
+                        are rare in vLLM, 1 in 300 at 32 concurrent streams)
 ``stop_token_id``       end with ``stop_reason`` = this int (as for ``stop_token_ids``)
 ``error_before``        HTTP status to answer instead of streaming
 ``error_body``          raw body for ``error_before`` (e.g. a proxy's HTML page)
@@ -25,6 +30,10 @@ Keys (all optional; unknown keys are a 400 so typos do not pass silently):
 ``drop_after_tokens``   after N tokens: close the connection, no ``[DONE]``
 ``stall_after_tokens``  after N tokens: send nothing more, keep the connection open
 ``abort_after_tokens``  after N tokens: finish with ``finish_reason: "abort"``
+``repetition_after_tokens``  after N tokens: finish with ``finish_reason: "repetition"``
+``die_after_tokens``    after N tokens: the engine core dies - an in-band
+                        ``InternalServerError`` then ``[DONE]``; the next request gets a 500,
+                        then the server exits
 
 "After N tokens" faults fire right after the chunk that reaches N (N = 0: before the role
 chunk); if the output ends sooner they do not fire.
@@ -71,13 +80,14 @@ from streaming.engines.simulated import tokenize
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 DEFAULT_MAX_MODEL_LEN = 4096
-VLLM_VERSION = "0.11.0"
+VLLM_VERSION = "0.32.0"
 DEFAULT_TEXT = (
     "Hello! This is the vLLM emulator streaming a deterministic answer. "
     "こんにちは、世界。日本語も混ざります。 Emoji 🚀✨ and 👍🏽 are split across tokens.\n\n"
     "```python\nprint('streaming works')\n```\n"
 )
-DEFAULT_CHUNK_TOKENS = (1, 1, 1, 1, 1, 3)
+DEFAULT_CHUNK_TOKENS = (1,)
+ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 MAX_RECORDS = 10_000
 
@@ -87,7 +97,6 @@ _DIRECTIVE = re.compile(r"\[\[emu\s+(\{.*?\})\]\]", re.DOTALL)
 _ERROR_TYPES = {
     400: "BadRequestError",
     404: "NotFoundError",
-    415: "Unsupported Media Type",
     422: "UnprocessableEntityError",
     500: "InternalServerError",
     501: "NotImplementedError",
@@ -98,15 +107,35 @@ _ERROR_TYPES = {
 class _Rejected(Exception):
     """An HTTP error answered before any streaming, in vLLM's error shape."""
 
-    def __init__(self, status: int, message: str, type: str | None = None):
+    def __init__(
+        self, status: int, message: str, type: str | None = None, param: str | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type or _ERROR_TYPES.get(status, "BadRequestError")
+        self.param = param
 
     def response(self) -> JSONResponse:
-        error = {"message": self.message, "type": self.type, "param": None, "code": self.status}
+        error = {
+            "message": self.message,
+            "type": self.type,
+            "param": self.param,
+            "code": self.status,
+        }
         return JSONResponse({"error": error}, status_code=self.status)
+
+
+def _validation(param: str | None, detail: str) -> _Rejected:
+    """A request-validation error as vLLM 0.32 words it: type "Bad Request" (an HTTP
+    reason phrase, not an exception name) and the field as ``body.<name>``."""
+    return _Rejected(400, f"1 validation error:\n  {detail}", "Bad Request", param)
+
+
+def _parameter(status: int, message: str, param: str, value: Any = None) -> _Rejected:
+    """A parameter check vLLM words as "... (parameter=<name>, value=<value>)"."""
+    suffix = f"(parameter={param})" if value is None else f"(parameter={param}, value={value})"
+    return _Rejected(status, f"{message} {suffix}", param=param)
 
 
 class _DropConnection(Exception):
@@ -132,6 +161,8 @@ class Directive:
     drop_after_tokens: int | None = None
     stall_after_tokens: int | None = None
     abort_after_tokens: int | None = None
+    repetition_after_tokens: int | None = None
+    die_after_tokens: int | None = None
 
     @classmethod
     def from_messages(cls, messages: list[dict[str, Any]]) -> Directive:
@@ -256,6 +287,9 @@ class Emulator:
         self.api_key = api_key
         self.max_model_len = max_model_len
         self.healthy = True
+        self.dead = False  # the engine core died: the next request is a 500, then exit
+        self.on_exit: Callable[[], None] | None = None  # set by the runner: stop serving
+        self.fingerprint = f"vllm-{VLLM_VERSION}-{uuid.uuid4().hex[:8]}"
         self.created = int(time.time())
         self.records: deque[RequestRecord] = deque(maxlen=MAX_RECORDS)
         self.app = Starlette(
@@ -274,7 +308,7 @@ class Emulator:
     # --- vLLM endpoints -------------------------------------------------------------------
 
     async def chat_completions(self, request: Request) -> Response:
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
         record = RequestRecord(
             request_id=request_id,
             completion_id=f"chatcmpl-{request_id}",
@@ -283,6 +317,10 @@ class Emulator:
             client=f"{request.client.host}:{request.client.port}" if request.client else "",
         )
         self.records.append(record)
+        if self.dead:
+            if self.on_exit is not None:
+                self.on_exit()
+            return self._reject(record, _Rejected(500, ENGINE_DEAD).response())
         if not self._authorized(request):
             return self._reject(record, JSONResponse({"error": "Unauthorized"}, status_code=401))
         try:
@@ -333,7 +371,7 @@ class Emulator:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def health(self, request: Request) -> Response:
-        return Response(status_code=200 if self.healthy else 503)
+        return Response(status_code=200 if self.healthy and not self.dead else 503)
 
     async def version(self, request: Request) -> Response:
         return JSONResponse({"version": VLLM_VERSION})
@@ -352,6 +390,7 @@ class Emulator:
     async def reset(self, request: Request) -> Response:
         self.records.clear()
         self.healthy = True
+        self.dead = False
         return JSONResponse({"ok": True})
 
     async def set_health(self, request: Request) -> Response:
@@ -384,27 +423,41 @@ class Emulator:
         """vLLM's checks, in its order: media type, JSON, request model validators, model."""
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type != "application/json":
-            raise _Rejected(415, "Unsupported Media Type: Only 'application/json' is allowed")
+            raise _validation(None, "Unsupported Media Type: Only 'application/json' is allowed")
         try:
             body = json.loads(await request.body())
         except ValueError as exc:
-            raise _Rejected(400, f"JSON decode error: {exc}") from exc
+            detail = (
+                "{'type': 'json_invalid', 'loc': 'body.1', 'msg': 'JSON decode error', "
+                f"'ctx': {{'error': {str(exc)!r}}}}}"
+            )
+            raise _validation("body.1", detail) from exc
         record.body = body
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            raise _Rejected(400, "Field required: messages")
+            detail = "{'type': 'missing', 'loc': 'body.messages', 'msg': 'Field required'}"
+            raise _validation("body.messages", detail)
         if "x-request-id" not in request.headers and body.get("request_id"):
             record.request_id = str(body["request_id"])
             record.completion_id = f"chatcmpl-{record.request_id}"
-        if body.get("stream_options") and not body.get("stream"):
-            raise _Rejected(400, "Stream options can only be defined when `stream=True`.")
+        if body.get("stream_options") is not None and not body.get("stream"):
+            raise _parameter(
+                400, "Stream options can only be defined when `stream=True`.", "stream_options"
+            )
         if body.get("continue_final_message") and body.get("add_generation_prompt", True):
             raise _Rejected(
                 400,
-                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                "continue_final_message and add_generation_prompt are not compatible. Use "
+                "continue_final_message when you want the model to continue the final "
+                "message, and add_generation_prompt when you want to add a header that will "
+                "prompt it to start a new assistant message instead.",
             )
         directive = Directive.from_messages(body["messages"])
         if body.get("model") not in (None, self.model):
-            raise _Rejected(404, f"The model `{body.get('model')}` does not exist.")
+            raise _Rejected(
+                404,
+                f"The model `{body.get('model')}` does not exist. Valid aliases: {self.model}.",
+                param="model",
+            )
         return body, directive
 
     def _plan(self, body: dict[str, Any], directive: Directive) -> _Plan:
@@ -412,17 +465,7 @@ class Emulator:
         prompt_tokens = 3 + sum(
             4 + math.ceil(len(_content_text(m.get("content"))) / 4) for m in messages
         )
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        if max_tokens is None:
-            max_tokens = self.max_model_len - prompt_tokens
-        if prompt_tokens + max_tokens > self.max_model_len:
-            raise _Rejected(
-                400,
-                f"This model's maximum context length is {self.max_model_len} tokens. "
-                f"However, you requested {prompt_tokens + max_tokens} tokens "
-                f"({prompt_tokens} in the messages, {max_tokens} in the completion). "
-                "Please reduce the length of the messages or completion.",
-            )
+        max_tokens = self._max_tokens(body, prompt_tokens)
         if directive.text is not None:
             tokens = tokenize(directive.text)
         elif directive.tokens is not None:
@@ -440,10 +483,43 @@ class Emulator:
             stop = [stop]
         return _Plan(body, directive, tokens, prompt_tokens, max_tokens, role, stop)
 
+    def _max_tokens(self, body: dict[str, Any], prompt_tokens: int) -> int:
+        """vLLM 0.32's context rules: a budget over the whole context is a 400; a prompt
+        longer than the context is a 400; otherwise the budget is lowered to what the
+        prompt leaves (the answer then ends ``length``), and none left at all is a 400."""
+        limit = self.max_model_len
+        name = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
+        asked = body.get(name)
+        if asked is not None and asked > limit:
+            raise _parameter(
+                400,
+                f"{name}={asked} cannot be greater than max_model_len={limit}. "
+                "Please request fewer output tokens.",
+                name,
+                asked,
+            )
+        if prompt_tokens > limit:
+            raise _parameter(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your "
+                f"prompt contains at least {prompt_tokens} input tokens, which exceeds this "
+                "limit even without any output tokens. Please reduce the length of the "
+                "input prompt.",
+                "input_tokens",
+                prompt_tokens,
+            )
+        room = limit - prompt_tokens
+        max_tokens = room if asked is None else min(asked, room)
+        if max_tokens < 1:
+            raise _parameter(
+                400, f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", 0
+            )
+        return max_tokens
+
     def _stream(self, plan: _Plan, record: RequestRecord) -> Callable[[Send], Awaitable[None]]:
         async def produce(send: Send) -> None:
             directive = plan.directive
-            chunks = _ChunkWriter(self.model, record)
+            chunks = _ChunkWriter(self.model, record, self.fingerprint)
             await send(
                 {
                     "type": "http.response.start",
@@ -451,9 +527,9 @@ class Emulator:
                     "headers": [(b"content-type", SSE_CONTENT_TYPE.encode())],
                 }
             )
-            # vLLM tests the parsed StreamOptions object, so even {} turns usage on.
+            # include_usage defaults to false: stream_options {} gives no usage chunk.
             options = plan.body.get("stream_options")
-            include_usage = isinstance(options, dict) and options.get("include_usage", True)
+            include_usage = isinstance(options, dict) and options.get("include_usage") is True
             start = time.monotonic() + directive.ttft_ms / 1000
             await _sleep_until(start)
             if await self._fault(directive, record, chunks, send):
@@ -485,12 +561,11 @@ class Emulator:
                     break
                 if await self._fault(directive, record, chunks, send):
                     return
-                if (
-                    directive.abort_after_tokens is not None
-                    and record.tokens_sent >= directive.abort_after_tokens
-                ):
+                ended = _ended_early(directive, record.tokens_sent)
+                if ended is not None:
+                    # A normal finish chunk (HTTP 200 all along), then usage and [DONE].
                     await chunks.send(
-                        send, {"content": ""}, tokens=0, finish_reason="abort", stop_reason=None
+                        send, {"content": ""}, tokens=0, finish_reason=ended, stop_reason=None
                     )
                     break
             if include_usage:
@@ -520,13 +595,15 @@ class Emulator:
         def reached(limit: int | None) -> bool:
             return limit is not None and record.tokens_sent >= limit
 
-        if reached(directive.error_after_tokens):
+        dies = reached(directive.die_after_tokens)
+        if dies or reached(directive.error_after_tokens):
             error = {
-                "message": directive.error_message,
-                "type": directive.error_type,
+                "message": ENGINE_DEAD if dies else directive.error_message,
+                "type": "InternalServerError" if dies else directive.error_type,
                 "param": None,
-                "code": directive.error_code,
+                "code": 500 if dies else directive.error_code,
             }
+            self.dead = self.dead or dies
             record.error = error
             # vLLM formats in-band errors with json.dumps defaults: spaces after , and :.
             await chunks.raw(send, f"data: {json.dumps({'error': error})}\n\n".encode())
@@ -589,22 +666,35 @@ class Emulator:
                         "index": 0,
                         "message": {
                             "role": plan.role,
-                            "reasoning_content": None,
                             "content": text,
-                            "tool_calls": [],
+                            "refusal": None,
+                            "annotations": None,
+                            "audio": None,
+                            "function_call": None,
+                            "reasoning": None,
                         },
                         "logprobs": None,
                         "finish_reason": last.finish_reason,
                         "stop_reason": last.stop_reason,
+                        "token_ids": None,
+                        "routed_experts": None,
                     }
                 ],
+                "service_tier": None,
+                "system_fingerprint": self.fingerprint,
                 "usage": {
                     "prompt_tokens": plan.prompt_tokens,
                     "total_tokens": plan.prompt_tokens + generated,
                     "completion_tokens": generated,
                     "prompt_tokens_details": None,
+                    "completion_tokens_details": None,
                 },
                 "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "prompt_text": None,
+                "kv_transfer_params": None,
+                "ec_transfer_params": None,
+                "metrics": None,
             }
             record.final_sent = True
             await JSONResponse(completion)({"type": "http"}, _no_receive, send)
@@ -627,9 +717,10 @@ class _Plan:
 class _ChunkWriter:
     """Writes ``chat.completion.chunk`` events exactly as vLLM serialises them."""
 
-    def __init__(self, model: str, record: RequestRecord) -> None:
+    def __init__(self, model: str, record: RequestRecord, fingerprint: str) -> None:
         self.model = model
         self.record = record
+        self.fingerprint = fingerprint
         self.created = int(time.time())
 
     def _envelope(self) -> dict[str, Any]:
@@ -655,17 +746,25 @@ class _ChunkWriter:
             "logprobs": None,
             "finish_reason": finish_reason,
         }
+        role = "role" in delta
         if finish_reason is not None:
             # vLLM serialises with exclude_unset: stop_reason appears on the finish chunk only.
             choice["stop_reason"] = stop_reason
             self.record.finish_reason = finish_reason
             self.record.stop_reason = stop_reason
-        await self.raw(send, _event({**self._envelope(), "choices": [choice]}))
+        if not role:
+            choice["token_ids"] = None  # every choice after the role chunk's
+        chunk = {**self._envelope(), "choices": [choice]}
+        if role:
+            chunk.update(prompt_token_ids=None, prompt_text=None)
+        await self.raw(send, _event(chunk))
         self.record.tokens_sent += tokens
         self.record.text_sent += delta.get("content", "")
 
     async def send_usage(self, send: Send, usage: dict[str, int]) -> None:
-        await self.raw(send, _event({**self._envelope(), "choices": [], "usage": usage}))
+        chunk = {**self._envelope(), "choices": [], "usage": usage}
+        chunk["system_fingerprint"] = self.fingerprint
+        await self.raw(send, _event(chunk))
 
     async def raw(self, send: Send, data: bytes) -> None:
         if self.record.first_chunk_at is None:
@@ -761,6 +860,17 @@ def _continue_after(tokens: list[bytes], partial: str) -> list[bytes]:
             rest.append(token[max(0, len(done) - offset) :])
         offset = end
     return rest
+
+
+def _ended_early(directive: Directive, tokens_sent: int) -> str | None:
+    """The finish reason of an engine-side end after N tokens (abort, repetition)."""
+    for reason, limit in (
+        ("abort", directive.abort_after_tokens),
+        ("repetition", directive.repetition_after_tokens),
+    ):
+        if limit is not None and tokens_sent >= limit:
+            return reason
+    return None
 
 
 def _public(record: RequestRecord) -> dict[str, Any]:

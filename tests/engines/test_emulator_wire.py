@@ -1,7 +1,8 @@
 """Pins the emulator's raw bytes to vLLM's wire format (``docs/vllm-wire.md``).
 
-The vLLM client is only as trustworthy as the emulator it is tested against, so the
-emulator's output is checked here byte for byte, independent of our client.
+The fault tests are only as trustworthy as the emulator they run against, so its output
+is checked here byte for byte, independent of our client, and against captures of the
+real vLLM 0.32 (``tests/emulator/captures``, served without parsers as the emulator is).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import codecs
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +23,7 @@ from tests.emulator.vllm_emulator import DEFAULT_MODEL, VLLM_VERSION
 
 FAST = {"ttft_ms": 0, "tokens_per_second": 0}
 M = DEFAULT_MODEL
+CAPTURES = Path(__file__).resolve().parents[1] / "emulator" / "captures"
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +60,46 @@ def stream_bytes(
 
 
 def created_and_prompt(raw: bytes) -> tuple[int, int]:
-    """The two values the emulator chooses itself: the timestamp and the prompt size."""
+    """Two values the emulator chooses itself: the timestamp and the prompt size."""
     created = int(re.search(rb'"created":(\d+)', raw).group(1))  # type: ignore[union-attr]
     prompt = re.search(rb'"prompt_tokens":(\d+)', raw)
     return created, int(prompt.group(1)) if prompt else 0
+
+
+def fingerprint(raw: bytes) -> str:
+    """The third: ``system_fingerprint``, ``vllm-<version>-<8 hex digits>`` per server."""
+    return re.search(rb'"system_fingerprint":"(vllm-[0-9.]+-[0-9a-f]{8})"', raw).group(1).decode()  # type: ignore[union-attr]
+
+
+def chunks_of(raw: bytes) -> list[dict[str, Any]]:
+    return [
+        json.loads(line[6:]) for line in raw.decode().split("\n\n") if line.startswith("data: {")
+    ]
+
+
+def shape(chunk: Any) -> Any:
+    """A chunk's keys, in order, all the way down (values other than objects dropped)."""
+    if isinstance(chunk, dict):
+        return [(key, shape(value)) for key, value in chunk.items()]
+    if isinstance(chunk, list):
+        return [shape(item) for item in chunk[:1]]
+    return None
+
+
+def kinds(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One chunk of each kind (role, text, empty text, finish, usage) as its shape."""
+    found: dict[str, Any] = {}
+    for chunk in chunks:
+        if not chunk["choices"]:
+            kind = "usage"
+        elif "role" in chunk["choices"][0]["delta"]:
+            kind = "role"
+        elif chunk["choices"][0]["finish_reason"] is not None:
+            kind = "finish"
+        else:
+            kind = "text" if chunk["choices"][0]["delta"]["content"] else "empty"
+        found.setdefault(kind, shape(chunk))
+    return found
 
 
 def test_exact_stream_bytes(client: httpx.Client) -> None:
@@ -84,19 +123,19 @@ def test_exact_stream_bytes(client: httpx.Client) -> None:
         f"data: {event}\n\n"
         for event in [
             head + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-            '"logprobs":null,"finish_reason":null}]}',
+            '"logprobs":null,"finish_reason":null}],"prompt_token_ids":null,"prompt_text":null}',
             *(
                 head
                 + '"choices":[{"index":0,"delta":{"content":'
                 + f'"{text}"'
-                + '},"logprobs":null,"finish_reason":null}]}'
+                + '},"logprobs":null,"finish_reason":null,"token_ids":null}]}'
                 for text in contents
             ),
             head + '"choices":[{"index":0,"delta":{"content":""},'
-            '"logprobs":null,"finish_reason":"stop","stop_reason":null}]}',
+            '"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":null}]}',
             head + '"choices":[],"usage":'
             f'{{"prompt_tokens":{prompt},"total_tokens":{prompt + completion},'
-            f'"completion_tokens":{completion}}}}}',
+            f'"completion_tokens":{completion}}},"system_fingerprint":"{fingerprint(raw)}"}}',
             "[DONE]",
         ]
     )
@@ -117,18 +156,34 @@ def test_only_bare_data_events(client: httpx.Client) -> None:
         assert payload == json.dumps(json.loads(payload), separators=(",", ":"), ensure_ascii=False)
 
 
-def test_default_output_has_empty_chunks_and_multi_token_chunks(client: httpx.Client) -> None:
+def test_chunks_have_the_real_servers_fields_in_its_order(client: httpx.Client) -> None:
+    text = "Hi 日本 and 🚀 and more words after it"
+    _, length = stream_bytes(client, chat_body({**FAST, "text": text}, max_tokens=12), "w1")
+    _, stop = stream_bytes(client, chat_body({**FAST, "text": text}), "w2")
+    real_length = kinds(chunks_of((CAPTURES / "vllm-0.32-length.txt").read_bytes()))
+    real_stop = kinds(chunks_of((CAPTURES / "vllm-0.32-stop.txt").read_bytes()))
+
+    assert set(real_length) == {"role", "text", "empty", "finish", "usage"}
+    assert set(real_stop) == {"role", "text", "finish", "usage"}
+    for emulated, real in (
+        (kinds(chunks_of(length)), real_length),
+        (kinds(chunks_of(stop)), real_stop),
+    ):
+        assert {kind: emulated.get(kind) for kind in real} == real
+
+
+def test_default_output_has_empty_chunks_one_token_each(client: httpx.Client) -> None:
     _, raw = stream_bytes(client, chat_body(FAST), "wire-default")
 
-    chunks = [json.loads(e[6:]) for e in raw.decode().split("\n\n")[:-2]]
+    chunks = chunks_of(raw)
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     assert deltas[0] == {"role": "assistant", "content": ""}
-    assert {"content": ""} in deltas[1:]
+    assert {"content": ""} in deltas[1:]  # a token that ends inside a character
     text = "".join(d["content"] for d in deltas)
     assert "こんにちは" in text and "🚀" in text and "```python" in text
     usage = chunks[-1]["usage"]
     content_chunks = len(deltas) - 1
-    assert usage["completion_tokens"] > content_chunks  # some chunks carried several tokens
+    assert usage["completion_tokens"] == content_chunks  # the last one is the end
 
 
 def test_stop_string_is_held_back_then_cut(client: httpx.Client) -> None:
@@ -153,6 +208,7 @@ def test_length_sends_last_text_with_the_reason(client: httpx.Client) -> None:
         "logprobs": None,
         "finish_reason": "length",
         "stop_reason": None,
+        "token_ids": None,
     }
 
 
@@ -189,7 +245,7 @@ def test_usage_chunk_only_with_stream_options(client: httpx.Client) -> None:
     _, empty_options = stream_bytes(client, chat_body(FAST, stream_options={}), "wire-empty")
 
     assert b'"usage"' not in without
-    assert b'"choices":[],"usage"' in empty_options  # include_usage defaults to true
+    assert b'"usage"' not in empty_options  # include_usage defaults to false
 
 
 def test_role_follows_last_message_without_generation_prompt(client: httpx.Client) -> None:
@@ -203,7 +259,7 @@ def test_id_falls_back_to_a_generated_one(client: httpx.Client) -> None:
     with client.stream("POST", "/v1/chat/completions", json=chat_body(FAST)) as response:
         first = next(response.iter_lines())
 
-    assert re.match(r'data: \{"id":"chatcmpl-[0-9a-f]{32}"', first)
+    assert re.match(r'data: \{"id":"chatcmpl-[0-9a-f]{16}"', first)
 
 
 def test_drop_closes_without_done(emulator: str) -> None:
@@ -230,9 +286,10 @@ def test_stream_options_without_stream_is_400(client: httpx.Client) -> None:
     assert response.status_code == 400
     assert response.json() == {
         "error": {
-            "message": "Stream options can only be defined when `stream=True`.",
+            "message": "Stream options can only be defined when `stream=True`. "
+            "(parameter=stream_options)",
             "type": "BadRequestError",
-            "param": None,
+            "param": "stream_options",
             "code": 400,
         }
     }
@@ -243,7 +300,11 @@ def test_continue_final_with_generation_prompt_is_400(client: httpx.Client) -> N
     response = client.post("/v1/chat/completions", json=body)
 
     assert response.status_code == 400
-    assert "Cannot set both `continue_final_message`" in response.json()["error"]["message"]
+    error = response.json()["error"]
+    assert error["message"].startswith(
+        "continue_final_message and add_generation_prompt are not compatible."
+    )
+    assert error["param"] is None
 
 
 def test_unknown_model_is_404(client: httpx.Client) -> None:
@@ -251,20 +312,127 @@ def test_unknown_model_is_404(client: httpx.Client) -> None:
 
     assert response.status_code == 404
     assert response.content == (
-        b'{"error":{"message":"The model `x` does not exist.","type":"NotFoundError",'
-        b'"param":null,"code":404}}'
+        b'{"error":{"message":"The model `x` does not exist. Valid aliases: '
+        + M.encode()
+        + b'.","type":"NotFoundError","param":"model","code":404}}'
     )
 
 
-def test_wrong_content_type_is_415(client: httpx.Client) -> None:
+def test_wrong_content_type_is_a_bad_request(client: httpx.Client) -> None:
     response = client.post(
         "/v1/chat/completions",
         content=json.dumps(chat_body(FAST)),
         headers={"Content-Type": "text/plain"},
     )
 
-    assert response.status_code == 415
-    assert response.json()["error"]["code"] == 415
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {
+            "message": "1 validation error:\n  Unsupported Media Type: Only 'application/json' "
+            "is allowed",
+            "type": "Bad Request",
+            "param": None,
+            "code": 400,
+        }
+    }
+
+
+def test_validation_errors_name_the_body_field(client: httpx.Client) -> None:
+    response = client.post("/v1/chat/completions", json={"model": M})
+
+    error = response.json()["error"]
+    assert (response.status_code, error["type"], error["param"]) == (
+        400,
+        "Bad Request",
+        "body.messages",
+    )
+
+
+# --- the context ----------------------------------------------------------------------------
+
+
+def test_max_tokens_over_the_whole_context_is_a_400(client: httpx.Client) -> None:
+    response = client.post("/v1/chat/completions", json=chat_body(FAST, max_tokens=4097))
+
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "message": "max_tokens=4097 cannot be greater than max_model_len=4096. Please request "
+        "fewer output tokens. (parameter=max_tokens, value=4097)",
+        "type": "BadRequestError",
+        "param": "max_tokens",
+        "code": 400,
+    }
+
+
+def test_a_prompt_that_leaves_too_little_room_is_served_to_the_end() -> None:
+    with run_emulator(max_model_len=40) as base_url, httpx.Client(base_url=base_url) as client:
+        body = chat_body({**FAST, "tokens": 100}, max_tokens=40)
+        _, raw = stream_bytes(client, body, "wire-fit")
+
+    chunks = chunks_of(raw)
+    usage = chunks[-1]["usage"]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 40
+
+
+def test_a_prompt_as_long_as_the_context_or_longer_is_a_400() -> None:
+    with run_emulator(max_model_len=40) as base_url, httpx.Client(base_url=base_url) as client:
+        words = "a " * 100
+        longer = client.post(
+            "/v1/chat/completions",
+            json=chat_body(None, messages=[{"role": "user", "content": words}]),
+        )
+        prompt = longer.json()["error"]["message"].split("at least ")[1].split(" ")[0]
+        # The emulator counts 3 + 4 + ceil(chars / 4) prompt tokens: make exactly 40.
+        exact = client.post(
+            "/v1/chat/completions",
+            json=chat_body(None, messages=[{"role": "user", "content": "x" * ((40 - 7) * 4)}]),
+        )
+
+    assert longer.status_code == 400 and int(prompt) > 40
+    assert longer.json()["error"]["param"] == "input_tokens"
+    assert exact.status_code == 400
+    assert exact.json()["error"] == {
+        "message": "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+        "type": "BadRequestError",
+        "param": "max_tokens",
+        "code": 400,
+    }
+
+
+# --- ends the engine decides ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reason", ["abort", "repetition"])
+def test_engine_side_ends_are_normal_finish_chunks(client: httpx.Client, reason: str) -> None:
+    directive = {**FAST, "text": "one two three", f"{reason}_after_tokens": 1}
+    response, raw = stream_bytes(client, chat_body(directive), f"wire-{reason}")
+
+    chunks = chunks_of(raw)
+    assert response.status_code == 200
+    assert chunks[-2]["choices"][0]["finish_reason"] == reason
+    assert "usage" in chunks[-1]
+    assert raw.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_dead_engine_core_errors_in_band_then_500_then_exits() -> None:
+    with run_emulator() as base_url, httpx.Client(base_url=base_url, timeout=5) as client:
+        directive = {**FAST, "text": "one two three", "die_after_tokens": 1}
+        _, raw = stream_bytes(client, chat_body(directive), "wire-die")
+        health = client.get("/health").status_code
+        after = client.post("/v1/chat/completions", json=chat_body(FAST))
+        with pytest.raises(httpx.TransportError):
+            for _ in range(100):  # the server shuts down right after that answer
+                client.get("/health")
+
+    assert raw.endswith(
+        b'data: {"error": {"message": "EngineCore encountered an issue. See stack trace '
+        b'(above) for the root cause.", "type": "InternalServerError", "param": null, '
+        b'"code": 500}}\n\ndata: [DONE]\n\n'
+    )
+    assert health == 503
+    assert after.status_code == 500
+    assert after.json()["error"]["type"] == "InternalServerError"
 
 
 def test_bad_directive_is_400(client: httpx.Client) -> None:
@@ -301,6 +469,15 @@ def test_non_streaming_completion(client: httpx.Client) -> None:
     assert response.status_code == 200
     assert (data["id"], data["object"], data["model"]) == ("chatcmpl-ns-1", "chat.completion", M)
     choice = data["choices"][0]
+    assert list(choice["message"]) == [
+        "role",
+        "content",
+        "refusal",
+        "annotations",
+        "audio",
+        "function_call",
+        "reasoning",
+    ]
     assert choice["message"]["role"] == "assistant"
     assert choice["message"]["content"] == "Hello 🚀"
     assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", None)

@@ -10,6 +10,7 @@ import json
 import socket
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +19,7 @@ import pytest
 from streaming.engines.base import (
     ChatTurn,
     EngineChunk,
+    EngineContextFull,
     EngineError,
     EngineRequest,
     EngineTimeout,
@@ -201,6 +203,9 @@ async def test_continue_final_sends_both_flags(engine: VLLMEngine, emulator: str
     assert body["continue_final_message"] is True
     assert body["add_generation_prompt"] is False
     assert body["messages"][-1] == {"role": "assistant", "content": partial}
+    # Past its reasoning: Qwen3's template and vLLM's qwen3 parser take what follows as
+    # answer, not reasoning.
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
     assert "".join(c.text for c in chunks) == DEFAULT_TEXT[len(partial) :]
 
 
@@ -236,11 +241,52 @@ async def test_http_400_before_stream(engine: VLLMEngine) -> None:
     assert (error.message, error.type, error.code) == ("bad prompt", "BadRequestError", 400)
 
 
-async def test_context_overflow_is_a_400(engine: VLLMEngine) -> None:
-    _, error = await collect_until_error(engine, make_request(FAST, max_tokens=100_000))
+async def test_max_tokens_is_clamped_to_the_context(engine: VLLMEngine, emulator: str) -> None:
+    request = make_request({**FAST, "tokens": 5}, max_tokens=100_000)
+    chunks = await collect(engine, request)
+
+    body = (await record_of(emulator, request.request_id))["body"]
+    assert body["max_tokens"] == body["max_completion_tokens"] == 4096
+    assert chunks[-1].finish_reason == "stop"
+
+
+async def test_an_answer_that_fills_the_context_says_so() -> None:
+    with run_emulator(max_model_len=60) as base_url:
+        engine = VLLMEngine(base_url, DEFAULT_MODEL)
+        try:
+            filled = await collect(engine, make_request({**FAST, "tokens": 500}, max_tokens=500))
+            short = await collect(engine, make_request({**FAST, "tokens": 500}, max_tokens=5))
+        finally:
+            await engine.aclose()
+
+    final = filled[-1]
+    assert final.finish_reason == "length" and final.context_full
+    assert final.usage is not None
+    assert final.usage.prompt_tokens + final.usage.completion_tokens == 60
+    assert short[-1].finish_reason == "length" and not short[-1].context_full
+
+
+@pytest.mark.parametrize("words", [200, 208])  # longer than the context, exactly as long
+async def test_a_prompt_that_leaves_no_room_is_context_full(words: int) -> None:
+    with run_emulator(max_model_len=60) as base_url:
+        engine = VLLMEngine(base_url, DEFAULT_MODEL)
+        try:
+            # The emulator counts 3 + 4 + ceil(chars / 4) prompt tokens.
+            prompt = "x" * (words if words != 208 else (60 - 7) * 4)
+            _, error = await collect_until_error(engine, make_request(FAST, prompt=prompt))
+        finally:
+            await engine.aclose()
+
+    assert type(error) is EngineContextFull
+    assert (error.type, error.code) == ("ContextFull", "context_full")
+    assert "context" in error.message
+
+
+async def test_a_bad_request_type_is_read_as_openais_name(engine: VLLMEngine) -> None:
+    directive = {**FAST, "error_after_tokens": 1, "error_type": "Bad Request"}
+    _, error = await collect_until_error(engine, make_request(directive))
 
     assert (error.type, error.code) == ("BadRequestError", 400)
-    assert "maximum context length" in error.message
 
 
 async def test_unknown_model_is_a_404(emulator: str) -> None:
@@ -251,7 +297,7 @@ async def test_unknown_model_is_a_404(emulator: str) -> None:
         await engine.aclose()
 
     assert error.as_dict() == {
-        "message": "The model `no/such-model` does not exist.",
+        "message": f"The model `no/such-model` does not exist. Valid aliases: {DEFAULT_MODEL}.",
         "type": "NotFoundError",
         "code": 404,
     }
@@ -484,9 +530,49 @@ def test_stream_without_finish_reason_is_a_disconnect() -> None:
         ({"detail": "Not Found"}, 404, ("Not Found", "NotFoundError", 404)),
         ({"error": "Unauthorized"}, 401, ("Unauthorized", "AuthenticationError", 401)),
         (None, 500, ("HTTP 500: oops", "InternalServerError", 500)),
+        # vLLM 0.32's validation errors: an HTTP reason phrase for a type
+        (
+            {"error": {"message": "m", "type": "Bad Request", "param": "body.seed", "code": 400}},
+            400,
+            ("m", "BadRequestError", 400),
+        ),
+        (
+            {"error": {"message": "m", "type": "Not Found", "code": 404}},
+            404,
+            ("m", "NotFoundError", 404),
+        ),
+        (
+            {"error": {"message": "m", "type": "Internal Server Error", "code": 500}},
+            500,
+            ("m", "InternalServerError", 500),
+        ),
     ],
 )
 def test_error_body_shapes(body: Any, status: int, expected: tuple[str, str, int]) -> None:
     error = _error_from_body(body, status=status, text="oops")
 
     assert (error.message, error.type, error.code) == expected
+
+
+# --- real captures --------------------------------------------------------------------------
+
+CAPTURES = Path(__file__).resolve().parents[1] / "emulator" / "captures"
+
+
+def replay(name: str, context: int | None = None) -> tuple[list[EngineChunk], EngineChunk]:
+    """Feed a real vLLM 0.32 capture through the client's chunk parser."""
+    parser = _ChunkParser(context)
+    chunks = []
+    for line in (CAPTURES / name).read_text().split("\n\n"):
+        if line.startswith("data: {"):
+            chunks.extend(parser.feed(line[len("data: ") :]))
+    return chunks, parser.finish()
+
+
+def test_a_real_length_cut_inside_a_character() -> None:
+    chunks, final = replay("vllm-0.32-length.txt", context=2048)
+
+    text = "".join(c.text for c in chunks) + final.text
+    assert text.endswith("日本") and "\ufffd" not in text  # 語 was cut after one byte
+    assert sum(c.tokens for c in chunks) + final.tokens == 30
+    assert (final.finish_reason, final.context_full) == ("length", False)

@@ -18,7 +18,14 @@ from prometheus_client import REGISTRY
 
 from streaming import database, events
 from streaming.control.memory import MemoryControl
-from streaming.engines.base import EngineChunk, EngineError, EngineRequest, EngineTimeout, Usage
+from streaming.engines.base import (
+    EngineChunk,
+    EngineContextFull,
+    EngineError,
+    EngineRequest,
+    EngineTimeout,
+    Usage,
+)
 from streaming.generation import Backends, Generation
 from streaming.hub import Hub
 from streaming.models import Segment
@@ -273,6 +280,31 @@ async def test_the_engine_aborting_the_request_is_an_error(answer: Answer) -> No
         Status.ERROR,
         "abort",
         "EngineAborted",
+    )
+
+
+async def test_a_repetition_finish_is_stopped(answer: Answer) -> None:
+    run = await launch(answer, [chunk("la la"), chunk(finish_reason="repetition")])
+    done = (await finish(run))[-1]
+    assert (done["status"], done["finish_reason"]) == (Status.STOPPED, "repetition")
+
+
+async def test_an_answer_that_fills_the_context_says_so(answer: Answer) -> None:
+    full = EngineChunk(text=" end", tokens=1, finish_reason="length", context_full=True)
+    run = await launch(answer, [chunk("so far"), full])
+    done = (await finish(run))[-1]
+    assert (done["status"], done["context_full"]) == (Status.TRUNCATED, True)
+
+
+async def test_a_prompt_with_no_room_left_is_context_full(answer: Answer) -> None:
+    run = await launch(answer, [EngineContextFull("the conversation fills the context")])
+    logged = await finish(run)
+    done = logged[-1]
+    assert logged[-2]["error"]["type"] == "ContextFull"
+    assert (done["status"], done["error_type"], done["context_full"]) == (
+        Status.ERROR,
+        "ContextFull",
+        True,
     )
 
 

@@ -20,6 +20,7 @@ from streaming.params import ParamError, validate_params
         ({"stop": ["x"] * 50}, "params.stop"),
         ({"stop": 5}, "params.stop"),
         ({"seed": 1.5}, "params.seed"),
+        ({"seed": 2**63}, "params.seed"),  # vLLM takes an int64
         ({"bogus": 1}, "params.bogus"),
         ({"simulation": {"nope": 1}}, "params.simulation.nope"),
         ({"simulation": []}, "params.simulation"),

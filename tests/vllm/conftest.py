@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = Path.home() / ".cache" / "chat-vllm" / "venv"
 MODEL = "tiny"
-MAX_MODEL_LEN = 1024
+MAX_MODEL_LEN = 2048
 START_TIMEOUT = 240.0  # 25-45 s on a shared 2-core machine; a cold page cache is slower
 POLL_INTERVAL = 0.25
 

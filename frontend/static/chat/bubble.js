@@ -4,7 +4,7 @@
 
 import { el } from "./dom.js";
 import { copyWithFeedback, MarkdownView } from "./markdown.js";
-import { cutOffReason } from "./termination.js";
+import { canContinue, cutOffReason } from "./termination.js";
 
 const TIME = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
 const FULL_TIME = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "medium" });
@@ -206,6 +206,7 @@ export class AssistantBubble {
         ? `${reason} (a code block was left open)`
         : reason;
       this.continueButton.disabled = false;
+      this.continueButton.hidden = !canContinue(record);
     }
   }
 

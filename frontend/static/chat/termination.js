@@ -13,6 +13,7 @@ function seconds(value) {
 export function cutOffReason(termination, config) {
   const status = termination && termination.status;
   if (!status || status === "streaming" || NATURAL_ENDS.has(status)) return null;
+  if (termination.context_full) return "The conversation fills the model's context";
   switch (status) {
     case "truncated":
       return "Max tokens reached";
@@ -29,4 +30,9 @@ export function cutOffReason(termination, config) {
     default:
       return `Ended: ${status}`;
   }
+}
+
+/** Whether a Continue can add to a cut-off answer: not when it fills the model's context. */
+export function canContinue(termination) {
+  return !(termination && termination.context_full);
 }
