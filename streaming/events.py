@@ -3,8 +3,10 @@ is ``streaming.transports.eventstream``).
 
 An event is a plain dict ``{"seq": N, "type": ..., ...}``; ``seq`` increases per message
 across all of its segments, so a reader's cursor is one integer on every transport.
-Readers merge consecutive deltas before writing (``merge``): a slow or busy reader sends
-fewer, larger frames and never falls behind the log by more than one write.
+``delta`` carries answer text, ``reasoning`` the model's reasoning (shown apart, never
+part of the answer). Readers merge consecutive events of one text type before writing
+(``merge``): a slow or busy reader sends fewer, larger frames and never falls behind the
+log by more than one write.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ Event = dict[str, Any]
 
 START = "start"
 DELTA = "delta"
+REASONING = "reasoning"
 ERROR = "error"
+# The event types that carry text, merged run by run.
+TEXT_TYPES = frozenset({DELTA, REASONING})
 DONE = "done"
 
 
@@ -31,6 +36,10 @@ def delta(seq: int, text: str, emitted_at: float | None = None) -> Event:
     return event
 
 
+def reasoning(seq: int, text: str) -> Event:
+    return {"seq": seq, "type": REASONING, "text": text}
+
+
 def error(seq: int, *, message: str, type: str, code: Any = None) -> Event:
     return {"seq": seq, "type": ERROR, "error": {"message": message, "type": type, "code": code}}
 
@@ -40,7 +49,8 @@ def done(seq: int, *, segment: int, termination: dict[str, Any]) -> Event:
 
 
 def merge(events: list[Event]) -> list[Event]:
-    """Collapse runs of consecutive deltas into one delta carrying the last seq.
+    """Collapse runs of consecutive deltas (or reasoning events) into one event of that
+    type carrying the run's last seq; a delta and a reasoning event never merge.
 
     The merged delta keeps the *earliest* emit stamp so latency measurements stay honest.
     Linear in the text: a run's texts are joined once (a replayed page is hundreds).
@@ -54,7 +64,7 @@ def merge(events: list[Event]) -> list[Event]:
         elif run:
             combined: Event = {
                 "seq": run[-1]["seq"],
-                "type": DELTA,
+                "type": run[0]["type"],
                 "text": "".join(e["text"] for e in run),
             }
             if "t" in run[0]:
@@ -63,7 +73,11 @@ def merge(events: list[Event]) -> list[Event]:
         run.clear()
 
     for event in events:
-        if event["type"] == DELTA:
+        kind = event["type"]
+        if kind in TEXT_TYPES and (not run or run[0]["type"] == kind):
+            run.append(event)
+        elif kind in TEXT_TYPES:
+            close_run()
             run.append(event)
         else:
             close_run()

@@ -2,6 +2,9 @@
 
 prompt -> engine -> incremental UTF-8 detokenisation -> stop-sequence hold-back ->
 event log (+ local fan-out) -> write-behind persistence -> final record + ``done``.
+The model's reasoning, when the engine splits it off, is a channel of its own: ``reasoning``
+events beside the answer's ``delta`` events, persisted apart (stop sequences apply to the
+answer only).
 
 A generation is an asyncio task of the process that accepted the request. It never runs
 inside a consumer handler, so a reader's disconnect is seen at once and never blocks it.
@@ -63,6 +66,7 @@ class SegmentPlan:
     first_seq: int
     base_text: str  # the message's content before this segment (Continue)
     request: EngineRequest
+    base_reasoning: str = ""  # the message's reasoning before this segment
     abandon_grace: float = field(default_factory=lambda: streaming_settings.ABANDON_GRACE)
 
 
@@ -90,6 +94,10 @@ class Generation:
         self.message_id = plan.message_id
         self.seq = plan.first_seq - 1
         self.parts: list[str] = []
+        self.reasoning_parts: list[str] = []
+        # Whether the model is in its reasoning now: a Continue of an answer cut while
+        # reasoning starts there.
+        self.in_reasoning = bool(plan.base_reasoning) and not plan.base_text
         self.cancel_reason: str | None = None
         self.readers_seen = False
         self.finished = asyncio.Event()
@@ -188,11 +196,21 @@ class Generation:
     def text(self) -> str:
         return "".join(self.parts)
 
+    @property
+    def reasoning(self) -> str:
+        return "".join(self.reasoning_parts)
+
     def partial(self) -> Partial | None:
         if self.seq == self._persisted_seq or self._finalizing:
             return None
         self._persisted_seq = self.seq
-        return Partial(self.message_id, self.plan.base_text + self.text, self.seq)
+        plan = self.plan
+        return Partial(
+            self.message_id,
+            plan.base_text + self.text,
+            self.seq,
+            plan.base_reasoning + self.reasoning,
+        )
 
     async def _emit(self, batch: list[events.Event]) -> None:
         await self.backends.log.append(self.message_id, batch)
@@ -287,6 +305,7 @@ class Generation:
             termination.stop_reason = matched
         if tail:
             self.parts.append(tail)
+            self.in_reasoning = False
             with contextlib.suppress(Exception):
                 await self._emit([events.delta(self._next_seq(), tail)])
         return termination
@@ -301,7 +320,7 @@ class Generation:
         """Move engine output to the log until the engine ends; True on a stop match."""
         loop = asyncio.get_running_loop()
         completion_tokens = 0
-        first_token = True
+        first_token = first_reasoning = True
         self._stall_timer = loop.call_later(streaming_settings.STALL_TIMEOUT, self._watch_stall)
         stamps = streaming_settings.EMIT_STAMPS
         while True:
@@ -325,8 +344,16 @@ class Generation:
                 termination.prompt_tokens = chunk.usage.prompt_tokens
                 completion_tokens = max(completion_tokens, chunk.usage.completion_tokens)
                 termination.completion_tokens = completion_tokens
+                termination.reasoning_tokens = chunk.usage.reasoning_tokens
             if chunk.tokens:
-                if first_token:
+                # The first reasoning token and the first answer token are timed apart:
+                # a reasoning model shows its thinking long before its answer.
+                if chunk.reasoning and first_reasoning:
+                    first_reasoning = False
+                    ttft = time.monotonic() - self.started_at
+                    termination.reasoning_ttft_ms = ttft * 1000
+                    metrics.ENGINE_REASONING_TTFT.observe(ttft)
+                elif not chunk.reasoning and first_token:
                     first_token = False
                     ttft = time.monotonic() - self.started_at
                     termination.ttft_ms = ttft * 1000
@@ -334,12 +361,18 @@ class Generation:
                 if chunk.usage is None:
                     completion_tokens += chunk.tokens
                     termination.completion_tokens = completion_tokens
+            if chunk.reasoning:
+                thought = storable(chunk.reasoning)
+                self.reasoning_parts.append(thought)
+                self.in_reasoning = True
+                await self._emit([events.reasoning(self._next_seq(), thought)])
             text = chunk.text if chunk.token_bytes is None else detok.feed(chunk.token_bytes)
             text = storable(text)
             if text:
                 shown, matched = stops.feed(text)
                 if shown:
                     self.parts.append(shown)
+                    self.in_reasoning = False
                     stamp = chunk.emitted_at if stamps else None
                     await self._emit([events.delta(self._next_seq(), shown, stamp)])
                 if matched is not None:
@@ -384,9 +417,12 @@ class Generation:
         text = self.text
         content = plan.base_text + text
         termination.inspect_text(content)
+        termination.ended_in_reasoning = self.in_reasoning
         self.termination = termination
         done_seq = self._next_seq()
-        owned = await self._persist_final(content, done_seq, termination)
+        owned = await self._persist_final(
+            content, plan.base_reasoning + self.reasoning, done_seq, termination
+        )
         try:
             if owned:
                 # Counted before readers can see the `done`, so a scrape after it includes it.
@@ -414,7 +450,9 @@ class Generation:
                 self.on_end(self)
             self.finished.set()
 
-    async def _persist_final(self, content: str, done_seq: int, termination: Termination) -> bool:
+    async def _persist_final(
+        self, content: str, reasoning: str, done_seq: int, termination: Termination
+    ) -> bool:
         """Write the final record, retrying while the database is unreachable."""
         delay = 0.2
         deadline = time.monotonic() + streaming_settings.PERSIST_RETRY_SECONDS
@@ -430,6 +468,8 @@ class Generation:
                     start_offset=len(self.plan.base_text),
                     last_seq=done_seq,
                     termination=termination,
+                    reasoning=reasoning,
+                    reasoning_start_offset=len(self.plan.base_reasoning),
                 )
                 metrics.PERSIST_LATENCY.labels(kind="final").observe(time.monotonic() - started)
                 return owned

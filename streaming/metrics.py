@@ -94,9 +94,23 @@ STREAM_TTFT = Histogram(
     ["transport"],
     buckets=LATENCY_BUCKETS,
 )
+STREAM_REASONING_TTFT = Histogram(
+    "chat_stream_reasoning_ttft_seconds",
+    "Time to first reasoning as the client sees it: stream accepted -> first reasoning "
+    "event written. Fresh readers of a running generation with reasoning only.",
+    ["transport"],
+    buckets=LATENCY_BUCKETS,
+)
 ENGINE_TTFT = Histogram(
     "chat_engine_ttft_seconds",
-    "Time to first token as the engine gives it: generation start -> first engine token.",
+    "Time to first answer token as the engine gives it: generation start -> the engine's "
+    "first token of the answer (reasoning tokens are timed apart).",
+    buckets=LATENCY_BUCKETS,
+)
+ENGINE_REASONING_TTFT = Histogram(
+    "chat_engine_reasoning_ttft_seconds",
+    "Time to first reasoning token as the engine gives it: generation start -> the "
+    "engine's first token of reasoning (answers with reasoning only).",
     buckets=LATENCY_BUCKETS,
 )
 INTER_TOKEN_GAP = Histogram(
@@ -212,6 +226,7 @@ class TransportMetrics:
     tokens_delivered: Any
     frames_written: Any
     ttft: Any
+    reasoning_ttft: Any
     write_gap: Any
     resumes: Any
     events_replayed: Any
@@ -225,6 +240,7 @@ def for_transport(transport: str) -> TransportMetrics:
         tokens_delivered=TOKENS_DELIVERED.labels(transport=transport),
         frames_written=FRAMES_WRITTEN.labels(transport=transport),
         ttft=STREAM_TTFT.labels(transport=transport),
+        reasoning_ttft=STREAM_REASONING_TTFT.labels(transport=transport),
         write_gap=INTER_TOKEN_GAP.labels(transport=transport),
         resumes=RESUMES.labels(transport=transport),
         events_replayed=EVENTS_REPLAYED.labels(transport=transport),

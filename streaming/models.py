@@ -3,8 +3,9 @@
 A conversation is a tree of messages: each message has a parent (``None`` for a first
 message), siblings share a parent (a regenerated answer, an edited question), and the
 conversation records the leaf of the branch it shows and continues (``current_leaf``).
-A Message's content is always the concatenation of its segments' texts; each segment
-records where its text starts and ends in the message (provenance of Continue).
+A Message's content is always the concatenation of its segments' texts, and its
+reasoning that of their reasoning; each segment records where its text and its reasoning
+start and end in the message (provenance of Continue).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class Message(models.Model):
     )
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.TextField(blank=True, default="")
+    # The model's reasoning before (and between) its answer's text, all segments' in order.
+    reasoning = models.TextField(blank=True, default="")
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.COMPLETE, db_index=True
     )
@@ -97,6 +100,9 @@ class Segment(models.Model):
     index = models.PositiveIntegerField()
     start_offset = models.PositiveIntegerField(default=0)
     end_offset = models.PositiveIntegerField(default=0)
+    # Where this segment's reasoning lies in the message's reasoning.
+    reasoning_start_offset = models.PositiveIntegerField(default=0)
+    reasoning_end_offset = models.PositiveIntegerField(default=0)
     first_seq = models.PositiveBigIntegerField(default=0)
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.STREAMING, db_index=True
@@ -105,7 +111,9 @@ class Segment(models.Model):
     stop_reason = models.CharField(max_length=200, blank=True, null=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
+    reasoning_tokens = models.PositiveIntegerField(null=True, blank=True)
     ttft_ms = models.FloatField(null=True, blank=True)
+    reasoning_ttft_ms = models.FloatField(null=True, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)
     has_unclosed_code_block = models.BooleanField(default=False)
     is_valid_json = models.BooleanField(null=True, blank=True)
@@ -113,6 +121,7 @@ class Segment(models.Model):
     error_message = models.TextField(blank=True, null=True)
     error_code = models.CharField(max_length=64, blank=True, null=True)
     context_full = models.BooleanField(default=False)
+    ended_in_reasoning = models.BooleanField(default=False)
     # Which process generates/generated it ("host:pid:start"), for the reaper.
     worker = models.CharField(max_length=200, blank=True, default="", db_index=True)
     started_at = models.DateTimeField(auto_now_add=True)

@@ -21,7 +21,8 @@ from streaming.models import Conversation, Message, Segment
 from streaming.termination import Status, Termination
 
 _FLUSH_SQL = (
-    f"UPDATE {Message._meta.db_table} SET content = %s, last_seq = %s WHERE id = %s AND status = %s"
+    f"UPDATE {Message._meta.db_table} SET content = %s, reasoning = %s, last_seq = %s "
+    "WHERE id = %s AND status = %s"
 )
 
 
@@ -30,6 +31,7 @@ class Partial:
     message_id: str
     content: str
     last_seq: int
+    reasoning: str = ""
 
 
 def flush_partials(partials: list[Partial]) -> list[Partial]:
@@ -65,7 +67,13 @@ def _write(partials: list[Partial]) -> None:
     key = Message._meta.pk
     assert key is not None
     rows = [
-        (p.content, p.last_seq, key.get_db_prep_value(p.message_id, connection), Status.STREAMING)
+        (
+            p.content,
+            p.reasoning,
+            p.last_seq,
+            key.get_db_prep_value(p.message_id, connection),
+            Status.STREAMING,
+        )
         for p in partials
     ]
     with transaction.atomic(), connection.cursor() as cursor:
@@ -81,8 +89,13 @@ def finalize_segment(
     start_offset: int,
     last_seq: int,
     termination: Termination,
+    reasoning: str = "",
+    reasoning_start_offset: int = 0,
 ) -> bool:
-    """Persist the end of a segment; False when someone else already finalised it."""
+    """Persist the end of a segment; False when someone else already finalised it.
+
+    ``content`` and ``reasoning`` are the whole message's; the segment's own parts begin
+    at ``start_offset`` and ``reasoning_start_offset`` in them."""
     now = timezone.now()
     t = termination
     with transaction.atomic():
@@ -92,11 +105,15 @@ def finalize_segment(
             status=t.status,
             start_offset=start_offset,
             end_offset=len(content),
+            reasoning_start_offset=reasoning_start_offset,
+            reasoning_end_offset=len(reasoning),
             finish_reason=t.finish_reason,
             stop_reason=None if t.stop_reason is None else str(t.stop_reason),
             prompt_tokens=t.prompt_tokens,
             completion_tokens=t.completion_tokens,
+            reasoning_tokens=t.reasoning_tokens,
             ttft_ms=t.ttft_ms,
+            reasoning_ttft_ms=t.reasoning_ttft_ms,
             duration_ms=t.duration_ms,
             has_unclosed_code_block=t.has_unclosed_code_block,
             is_valid_json=t.is_valid_json,
@@ -104,12 +121,14 @@ def finalize_segment(
             error_message=t.error_message,
             error_code=t.error_code,
             context_full=t.context_full,
+            ended_in_reasoning=t.ended_in_reasoning,
             ended_at=now,
         )
         if not updated:
             return False
         Message.objects.filter(id=message_id).update(
             content=content,
+            reasoning=reasoning,
             status=t.status,
             termination=t.as_dict(),
             last_seq=last_seq,

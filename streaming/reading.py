@@ -102,9 +102,12 @@ def has_more(state: MessageState, after: int) -> bool:
     return not (state.final and after >= state.last_seq)
 
 
-def snapshot(state: MessageState, after: int, content: str) -> list[events.Event]:
-    """Events rebuilt from the database (``content``: the stored text, read only for a
-    reader from the beginning) when the log of a finished message expired."""
+def snapshot(
+    state: MessageState, after: int, content: str, reasoning: str = ""
+) -> list[events.Event]:
+    """Events rebuilt from the database (``content`` and ``reasoning``: the stored text
+    and reasoning, read only for a reader from the beginning) when the log of a finished
+    message expired."""
     seq = state.last_seq
     if after > 0:
         return [
@@ -116,11 +119,23 @@ def snapshot(state: MessageState, after: int, content: str) -> list[events.Event
             ),
             events.done(seq, segment=-1, termination=state.termination),
         ]
-    batch = [events.start(max(seq - 2, 0), message_id=state.id, segment=0, model="")]
+    texts = stored_texts(content, reasoning, seq - 1)
+    first = texts[0]["seq"] if texts else seq
+    start = events.start(max(first - 1, 0), message_id=state.id, segment=0, model="")
+    return [start, *texts, events.done(seq, segment=-1, termination=state.termination)]
+
+
+def stored_texts(content: str, reasoning: str, last_seq: int) -> list[events.Event]:
+    """A message's stored reasoning and text as the events that end at ``last_seq``: the
+    whole of each in one event (reasoning first, as a model writes it)."""
+    texts = []
+    if reasoning:
+        texts.append(events.reasoning(0, reasoning))
     if content:
-        batch.append(events.delta(seq - 1, content))
-    batch.append(events.done(seq, segment=-1, termination=state.termination))
-    return batch
+        texts.append(events.delta(0, content))
+    for offset, event in enumerate(texts):
+        event["seq"] = last_seq - len(texts) + 1 + offset
+    return texts
 
 
 class Subscription:
@@ -146,6 +161,7 @@ class Subscription:
         # Only a fresh reader of a running generation measures time to first token: a
         # resume has seen tokens already, and a finished message is history, not a wait.
         self.first_delta_written = after > 0 or state.final
+        self.first_reasoning_written = self.first_delta_written
         self.last_delta_at: float | None = None
         self.ended_status: str | None = None
 
@@ -216,15 +232,13 @@ class Subscription:
         whole content); otherwise the reader is told plainly that text is missing."""
         first = batch[0]["seq"]
         if self.cursor == 0:
-            content, last_seq = await database.run(_persisted, self.state.id)
+            content, reasoning, last_seq = await database.run(_persisted, self.state.id)
             if self.state.final:
-                return snapshot(self.state, 0, content)
-            if last_seq >= first - 1 and last_seq >= 2:
-                covered = [
-                    events.start(1, message_id=self.state.id, segment=0, model=""),
-                    events.delta(last_seq, content),
-                ]
-                return covered + [e for e in batch if e["seq"] > last_seq]
+                return snapshot(self.state, 0, content, reasoning)
+            texts = stored_texts(content, reasoning, last_seq)
+            if last_seq >= first - 1 and texts and texts[0]["seq"] >= 2:
+                start = events.start(1, message_id=self.state.id, segment=0, model="")
+                return [start, *texts] + [e for e in batch if e["seq"] > last_seq]
         gap = events.error(
             first - 1,
             message=f"events {self.cursor + 1}-{first - 1} of this answer are gone from the "
@@ -244,10 +258,10 @@ class Subscription:
         logged = await log.read(message_id, self.cursor, limit=page)
         if not logged:
             if has_more(self.state, self.cursor):
-                content = ""
+                content = reasoning = ""
                 if self.cursor == 0:
-                    content, _ = await database.run(_persisted, message_id)
-                yield snapshot(self.state, self.cursor, content)
+                    content, reasoning, _ = await database.run(_persisted, message_id)
+                yield snapshot(self.state, self.cursor, content, reasoning)
             return
         cursor = self.cursor
         # The record is committed before its `done` is appended, so a reader can find the
@@ -304,9 +318,13 @@ class Subscription:
         now = time.monotonic()
         recorded = self.metrics
         for event in merged:
-            if event["type"] != events.DELTA:
+            kind = event["type"]
+            if kind not in events.TEXT_TYPES:
                 continue
-            if not self.first_delta_written:
+            if kind == events.REASONING and not self.first_reasoning_written:
+                self.first_reasoning_written = True
+                recorded.reasoning_ttft.observe(now - self.accepted_at)
+            elif kind == events.DELTA and not self.first_delta_written:
                 self.first_delta_written = True
                 recorded.ttft.observe(now - self.accepted_at)
             elif self.last_delta_at is not None:
@@ -334,10 +352,13 @@ def _says_missing(event: events.Event) -> bool:
     return event["type"] == events.ERROR and event["error"].get("code") in MISSING_CODES
 
 
-def _persisted(message_id: str) -> tuple[str, int]:
-    """The message's stored text and the seq it reaches (written together, write-behind)."""
-    content, last_seq = Message.objects.values_list("content", "last_seq").get(id=message_id)
-    return content, last_seq
+def _persisted(message_id: str) -> tuple[str, str, int]:
+    """The message's stored text and reasoning, and the seq they reach (written together,
+    write-behind)."""
+    content, reasoning, last_seq = Message.objects.values_list(
+        "content", "reasoning", "last_seq"
+    ).get(id=message_id)
+    return content, reasoning, last_seq
 
 
 async def wait_until_ended(

@@ -37,6 +37,8 @@ class Orphan:
     db_content: str
     db_last_seq: int
     completion_tokens: int
+    db_reasoning: str = ""
+    reasoning_start_offset: int = 0
 
 
 def _streaming_workers() -> list[str]:
@@ -60,6 +62,8 @@ def _orphans(workers: list[str]) -> list[Orphan]:
             db_content=s.message.content,
             db_last_seq=s.message.last_seq,
             completion_tokens=s.completion_tokens,
+            db_reasoning=s.message.reasoning,
+            reasoning_start_offset=s.reasoning_start_offset,
         )
         for s in rows
     ]
@@ -119,6 +123,9 @@ class Reaper:
         logged = await self.log.read(orphan.message_id, stored)
         tail = "".join(e["text"] for e in logged if e["type"] == events.DELTA)
         content = orphan.db_content + tail
+        thought = "".join(e["text"] for e in logged if e["type"] == events.REASONING)
+        reasoning = orphan.db_reasoning + thought
+        texts = [e["type"] for e in logged if e["type"] in events.TEXT_TYPES]
         last_seq = logged[-1]["seq"] if logged else stored
         why = "the server process generating this answer stopped"
         if logged and logged[0]["seq"] > stored + 1:
@@ -133,6 +140,9 @@ class Reaper:
             error_message=why,
         )
         termination.inspect_text(content)
+        termination.ended_in_reasoning = (
+            texts[-1] == events.REASONING if texts else bool(reasoning) and not content
+        )
         done_seq = last_seq + 1
         owned = await database.run(
             finalize_segment,
@@ -143,6 +153,8 @@ class Reaper:
             start_offset=orphan.start_offset,
             last_seq=done_seq,
             termination=termination,
+            reasoning=reasoning,
+            reasoning_start_offset=orphan.reasoning_start_offset,
         )
         if not owned:
             return False

@@ -87,11 +87,18 @@ def _id_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _turns(conversation: Conversation, messages: list[Message]) -> list[ChatTurn]:
+def _turns(
+    conversation: Conversation, messages: list[Message], partial: Message | None = None
+) -> list[ChatTurn]:
+    """The prompt: the system prompt, then every message with text. ``partial`` is the
+    answer a Continue extends, last: it goes with its reasoning (the model must see its
+    own thinking to go on from it), even when the cut came before any answer text."""
     turns = []
     if conversation.system_prompt:
         turns.append(ChatTurn("system", conversation.system_prompt))
     turns.extend(ChatTurn(m.role, m.content) for m in messages if m.content)
+    if partial is not None:
+        turns.append(ChatTurn(partial.role, partial.content, partial.reasoning))
     return turns
 
 
@@ -383,7 +390,8 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
             message_id=str(message.id),
             after=first_seq - 1,
         )
-        history = path_messages(conversation.id, message.id)
+        # The path down to the answer, the answer itself last (with its reasoning).
+        history = path_messages(conversation.id, message.id)[:-1]
         plan = SegmentPlan(
             message_id=str(message.id),
             conversation_id=str(conversation.id),
@@ -391,10 +399,11 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
             segment_index=index,
             first_seq=first_seq,
             base_text=message.content,
+            base_reasoning=message.reasoning,
             request=_engine_request(
                 message,
                 index,
-                _turns(conversation, history),
+                _turns(conversation, history, partial=message),
                 message.params,
                 continue_final=True,
             ),

@@ -43,7 +43,11 @@ class Termination:
     stop_reason: str | int | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of the completion tokens, the reasoning's (None: the engine does not say).
+    reasoning_tokens: int | None = None
+    # Generation start -> the first answer token, and -> the first reasoning token.
     ttft_ms: float | None = None
+    reasoning_ttft_ms: float | None = None
     duration_ms: float | None = None
     has_unclosed_code_block: bool = False
     is_valid_json: bool | None = None
@@ -52,6 +56,8 @@ class Termination:
     error_code: str | None = None
     # The prompt and the answer fill the model's context: no Continue can add anything.
     context_full: bool = False
+    # The segment ended while the model was still reasoning: no answer text came after it.
+    ended_in_reasoning: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

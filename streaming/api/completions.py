@@ -4,7 +4,8 @@
 ``services.post_message`` takes (earlier turns, the new user message, our generation
 params), naming the offending field on any error. ``ChunkStream`` renders a message's
 events as ``chat.completion.chunk`` frames: a role chunk at ``start``, one content chunk
-per merged delta, the finish chunk (and the usage chunk when asked) at ``done``, then
+per merged delta (a ``reasoning`` chunk per merged reasoning event, as vLLM's reasoning
+parsers send them), the finish chunk (and the usage chunk when asked) at ``done``, then
 ``data: [DONE]``; an engine error goes in-band as ``data: {"error": {...}}`` before
 ``[DONE]``, as vLLM and OpenAI do. ``completion`` builds the non-streaming answer.
 """
@@ -194,14 +195,17 @@ def parse_request(body: Any, served: set[str]) -> CompletionRequest:
     )
 
 
-def usage_of(termination: dict[str, Any]) -> dict[str, int]:
+def usage_of(termination: dict[str, Any]) -> dict[str, Any]:
     prompt = int(termination.get("prompt_tokens") or 0)
     completion_tokens = int(termination.get("completion_tokens") or 0)
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt + completion_tokens,
     }
+    if termination.get("reasoning_tokens") is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": termination["reasoning_tokens"]}
+    return usage
 
 
 def termination_error(termination: dict[str, Any]) -> dict[str, Any]:
@@ -255,6 +259,9 @@ class ChunkStream:
             elif kind == events.DELTA and event["text"]:
                 out += self._role()
                 out += eventstream.data(self._chunk({"content": event["text"]}))
+            elif kind == events.REASONING and event["text"]:
+                out += self._role()
+                out += eventstream.data(self._chunk({"reasoning": event["text"]}))
             elif kind == events.ERROR:
                 out += self.error(event["error"])
             elif kind == events.DONE:
@@ -285,9 +292,18 @@ class ChunkStream:
 
 
 def completion(
-    completion_id: str, model: str, created: int, text: str, termination: dict[str, Any]
+    completion_id: str,
+    model: str,
+    created: int,
+    text: str,
+    termination: dict[str, Any],
+    reasoning: str = "",
 ) -> dict[str, Any]:
-    """The non-streaming ``chat.completion`` object."""
+    """The non-streaming ``chat.completion`` object; ``message.reasoning`` (vLLM's name)
+    holds the reasoning when there was any."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning:
+        message["reasoning"] = reasoning
     return {
         "id": completion_id,
         "object": "chat.completion",
@@ -296,7 +312,7 @@ def completion(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": FINISH_REASONS.get(termination.get("status", ""), "stop"),
             }

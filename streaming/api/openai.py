@@ -234,12 +234,15 @@ class ChatCompletionsConsumer(OpenAIConsumer):
         ids: list[tuple[bytes, bytes]],
     ) -> None:
         parts: list[str] = []
+        thoughts: list[str] = []
         error: dict[str, Any] | None = None
         termination: dict[str, Any] = {}
         async for batch in subscription.frames(None):
             for event in batch or []:
                 if event["type"] == "delta":
                     parts.append(event["text"])
+                elif event["type"] == "reasoning":
+                    thoughts.append(event["text"])
                 elif event["type"] == "error":
                     error = event["error"]
                 elif event["type"] == "done":
@@ -249,5 +252,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
             message = str(error.get("message") or "the engine failed")
             await self.reply(502, error_document(502, "engine_error", message), ids)
             return
-        document = completion(completion_id, model, created, "".join(parts), termination)
+        document = completion(
+            completion_id, model, created, "".join(parts), termination, "".join(thoughts)
+        )
         await self.reply(200, document, ids)

@@ -78,10 +78,12 @@ class SegmentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Segment
         fields = [
-            "index", "start_offset", "end_offset", "first_seq", "status", "finish_reason",
-            "stop_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "duration_ms",
-            "has_unclosed_code_block", "is_valid_json", "error_type", "error_message",
-            "error_code", "context_full", "started_at", "ended_at",
+            "index", "start_offset", "end_offset", "reasoning_start_offset",
+            "reasoning_end_offset", "first_seq", "status", "finish_reason", "stop_reason",
+            "prompt_tokens", "completion_tokens", "reasoning_tokens", "ttft_ms",
+            "reasoning_ttft_ms", "duration_ms", "has_unclosed_code_block", "is_valid_json",
+            "error_type", "error_message", "error_code", "context_full", "ended_in_reasoning",
+            "started_at", "ended_at",
         ]  # fmt: skip
 
 
@@ -106,9 +108,9 @@ class MessageSerializer(serializers.ModelSerializer):
     class Meta:
         model = Message
         fields = [
-            "id", "conversation", "parent_id", "siblings", "role", "content", "status",
-            "termination", "params", "model", "last_seq", "created_at", "updated_at",
-            "segments", "stream",
+            "id", "conversation", "parent_id", "siblings", "role", "content", "reasoning",
+            "status", "termination", "params", "model", "last_seq", "created_at",
+            "updated_at", "segments", "stream",
         ]  # fmt: skip
         read_only_fields = fields
 

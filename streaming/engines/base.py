@@ -14,8 +14,12 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True, slots=True)
 class ChatTurn:
+    """One turn of the conversation. ``reasoning`` is an assistant turn's own reasoning,
+    sent back only where the model must see it: the partial answer a Continue extends."""
+
     role: str
     content: str
+    reasoning: str = ""
 
 
 @dataclass(slots=True)
@@ -42,12 +46,16 @@ class EngineRequest:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of the completion tokens, how many were reasoning (None: the engine does not say).
+    reasoning_tokens: int | None = None
 
 
 @dataclass(slots=True)
 class EngineChunk:
     """A piece of output. Engines that speak text set ``text``; engines that produce raw
     token bytes (byte-level BPE) set ``token_bytes`` and leave decoding to the service.
+    ``reasoning`` is text of the model's reasoning (its thinking before the answer, split
+    off by the engine's reasoning parser): whole characters, shown apart from the answer.
 
     ``tokens`` is how many model tokens this chunk carries (0 for bookkeeping chunks).
     ``finish_reason`` is set on the last chunk only; ``context_full`` on it says that the
@@ -58,6 +66,7 @@ class EngineChunk:
 
     text: str = ""
     token_bytes: bytes | None = None
+    reasoning: str = ""
     tokens: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None

@@ -9,8 +9,9 @@ benchmarked without a GPU, with output that is hard in the ways real output is h
   split Japanese, Arabic, Devanagari, Chinese and emoji (ZWJ families, flags, skin tones);
 - it has realistic timing: a time to first token, then a steady rate with small jitter,
   scheduled against a monotonic start so it does not drift;
-- ``request.simulation`` switches faults on per request (error mid-stream, stall, slow start)
-  and can make it produce an exact text (see `validate_simulation`).
+- ``request.simulation`` switches faults on per request (error mid-stream, stall, slow start),
+  can make it produce an exact text and can make it reason before it answers, as a
+  reasoning model behind vLLM's reasoning parser does (see `validate_simulation`).
 
 Like every engine it leaves stop strings to the generation service.
 """
@@ -18,6 +19,7 @@ Like every engine it leaves stop strings to the generation service.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import hashlib
 import itertools
 import json
@@ -129,10 +131,24 @@ CORPUS: tuple[str, ...] = (
     "appear whole, never as a broken box or a stray joiner 🎉.",
 )
 
+# What the simulator "thinks" for ``reasoning_length``, cycled as needed.
+REASONING = (
+    "The simulator is not reasoning: this is canned text standing in for a reasoning "
+    "model's thinking, streamed before the answer so the reasoning channel can be seen. "
+    "A real model would weigh the question here, step by step, and then answer it. "
+)
+
 _PRETOKEN = re.compile(rb" ?[A-Za-z]+| ?[0-9]{1,3}| ?[\x80-\xff]+|\s+|[^\sA-Za-z0-9\x80-\xff]+")
 _FLOAT_KEYS = {"ttft_ms": False, "slow_start_ms": False, "tokens_per_second": True}  # True: > 0
-_INT_KEYS = {"length": 1, "error_after_tokens": 0, "stall_after_tokens": 0, "seed": None}
-_KNOWN_KEYS = (*_FLOAT_KEYS, *_INT_KEYS, "text")
+_INT_KEYS = {
+    "length": 1,
+    "reasoning_length": 1,
+    "error_after_tokens": 0,
+    "stall_after_tokens": 0,
+    "seed": None,
+}
+_TEXT_KEYS = ("text", "reasoning")
+_KNOWN_KEYS = (*_FLOAT_KEYS, *_INT_KEYS, *_TEXT_KEYS)
 
 
 class SimulationError(ValueError):
@@ -153,7 +169,10 @@ def validate_simulation(params: dict[str, Any]) -> dict[str, Any]:
     token), ``tokens_per_second`` (number > 0), ``length`` (int >= 1: tokens to produce,
     continuing the source text as needed), ``text`` (exact text to produce),
     ``error_after_tokens`` / ``stall_after_tokens`` (int >= 0: fail / go silent instead of
-    producing that token; no effect if the answer is shorter), ``seed`` (int).
+    producing that token; no effect if the answer is shorter), ``seed`` (int),
+    ``reasoning`` (exact reasoning to stream before the answer) or ``reasoning_length``
+    (int >= 1: that many tokens of canned reasoning). Reasoning tokens count against
+    ``max_tokens`` and the fault counters like the answer's.
     """
     if not isinstance(params, dict):
         raise SimulationError(None, "must be an object")
@@ -174,7 +193,7 @@ def validate_simulation(params: dict[str, Any]) -> dict[str, Any]:
             if low is not None and value < low:
                 raise SimulationError(key, f"must be >= {low}")
             clean[key] = value
-        elif key == "text":
+        elif key in _TEXT_KEYS:
             if not isinstance(value, str):
                 raise SimulationError(key, "must be a string")
             if not is_storable(value):
@@ -226,6 +245,20 @@ def _corpus_from(doc: int, offset: int) -> Iterator[tuple[str, bool]]:
             offset = 0
 
 
+def _reasoning(sim: dict[str, Any], partial: str, partial_reasoning: str) -> str:
+    """The reasoning still to produce: none once the answer has begun (a Continue past
+    it), else what follows the partial reasoning a Continue was given."""
+    if partial:
+        return ""
+    if "reasoning" in sim:
+        text = sim["reasoning"]
+    elif "reasoning_length" in sim:
+        text = REASONING * (1 + sim["reasoning_length"] // 20)
+    else:
+        return ""
+    return text[len(partial_reasoning) :] if text.startswith(partial_reasoning) else text
+
+
 def _through_first_document(pieces: Iterator[tuple[str, bool]]) -> Iterator[str]:
     for piece, is_doc in pieces:
         yield piece
@@ -238,6 +271,7 @@ class _Script:
     """Everything a run needs, decided before the first await so a run is reproducible."""
 
     tokens: Iterator[bytes]
+    reasoning: list[bytes]  # the reasoning's tokens, streamed before ``tokens``
     first_delay: float  # seconds from start to the first token
     gap: float  # seconds between tokens
     jitter: Iterator[float]  # per token, as a fraction of ``gap``
@@ -280,11 +314,12 @@ class SimulatedEngine:
 
     def _script(self, request: EngineRequest, sim: dict[str, Any]) -> _Script:
         turns = request.messages
-        partial = ""
+        partial = partial_reasoning = ""
         if request.continue_final and turns and turns[-1].role == "assistant":
             # Hash the conversation the partial answer was generated for, so the same
             # document is picked and the continuation picks up where the answer stopped.
-            partial, turns = turns[-1].content, turns[:-1]
+            partial, partial_reasoning = turns[-1].content, turns[-1].reasoning
+            turns = turns[:-1]
         seed = sim.get("seed", request.seed if request.seed is not None else 0)
         prompt = json.dumps([[t.role, t.content] for t in turns], ensure_ascii=False)
         digest = hashlib.sha256(f"{prompt}\x00{seed}".encode()).digest()
@@ -305,6 +340,10 @@ class SimulatedEngine:
         tokens = _tokenize(pieces, random.Random(key))
         if "length" in sim:
             tokens = itertools.islice(tokens, sim["length"])
+        thought = _reasoning(sim, partial, partial_reasoning)
+        reasoning = list(_tokenize([thought], random.Random(key ^ 1))) if thought else []
+        if "reasoning_length" in sim and not partial and not partial_reasoning:
+            reasoning = reasoning[: sim["reasoning_length"]]
 
         timing = random.Random(key ^ 0x5DEECE66D)
         spread = self.jitter
@@ -312,6 +351,7 @@ class SimulatedEngine:
         prompt_bytes = sum(len(turn.content.encode()) for turn in request.messages)
         return _Script(
             tokens=tokens,
+            reasoning=reasoning,
             first_delay=ttft_ms / 1000,
             gap=1 / sim.get("tokens_per_second", self.tokens_per_second),
             jitter=((timing.random() - 0.5) * spread for _ in itertools.count()),
@@ -324,7 +364,12 @@ class SimulatedEngine:
     async def _run(self, script: _Script) -> AsyncGenerator[EngineChunk, None]:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        tokens = script.tokens
+        # Reasoning first, then the answer; the reasoning goes out as text (whole
+        # characters), as an engine's reasoning parser hands it over.
+        thinking = len(script.reasoning)
+        tokens = itertools.chain(script.reasoning, script.tokens)
+        thought = codecs.getincrementaldecoder("utf-8")("replace")
+        held = 0  # reasoning tokens that ended inside a character, not yet sent
         upcoming = next(tokens, None)
         emitted = 0
         while True:
@@ -342,13 +387,29 @@ class SimulatedEngine:
                 await asyncio.Future()  # silent until the consumer gives up and cancels
             if emitted == script.error_after:
                 raise EngineError("simulated engine failure", type="InternalServerError", code=500)
+            reasoning = token is not None and emitted < thinking
             if token is not None:
                 emitted += 1
                 upcoming = next(tokens, None)
             if upcoming is None or emitted >= script.max_tokens:
                 finish = "stop" if upcoming is None else "length"
-                yield self._last_chunk(token, finish, script.prompt_tokens, emitted)
+                last = self._last_chunk(token, finish, script.prompt_tokens, emitted)
+                assert last.usage is not None
+                last.usage.reasoning_tokens = min(emitted, thinking) if thinking else None
+                if reasoning and token is not None:
+                    last.token_bytes = None
+                    last.reasoning = thought.decode(token, final=True).replace("\ufffd", "")
+                    last.tokens += held
+                yield last
                 return
+            if reasoning and token is not None:
+                text = thought.decode(token)
+                if not text:
+                    held += 1
+                    continue
+                yield EngineChunk(reasoning=text, tokens=1 + held, emitted_at=time.time())
+                held = 0
+                continue
             yield EngineChunk(token_bytes=token, tokens=1, emitted_at=time.time())
 
     @staticmethod

@@ -32,6 +32,7 @@ import httpx
 from httpx_sse import EventSource, SSEError
 
 from .base import (
+    ChatTurn,
     EngineChunk,
     EngineContextFull,
     EngineError,
@@ -201,7 +202,7 @@ class VLLMEngine:
         max_tokens = request.max_tokens if context is None else min(request.max_tokens, context)
         body: dict[str, Any] = {
             "model": request.model or self.model,
-            "messages": [{"role": t.role, "content": t.content} for t in request.messages],
+            "messages": [_message(turn) for turn in request.messages],
             "stream": True,
             # include_usage defaults to false: without it there is no usage chunk.
             "stream_options": {"include_usage": True},
@@ -224,11 +225,12 @@ class VLLMEngine:
             # (which defaults to true) with a 400.
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
-            if request.messages and request.messages[-1].content:
-                # The answer is past its reasoning: what follows is answer too. Qwen3's
-                # template and vLLM's qwen3 reasoning parser read this flag (the parser
-                # takes everything before a </think> for reasoning otherwise); other
-                # templates ignore it.
+            last = request.messages[-1] if request.messages else None
+            if last is not None and (last.content or last.reasoning):
+                # The template renders the partial answer's reasoning closed (Qwen3's
+                # does), so what follows is answer: say so, or vLLM's qwen3 reasoning
+                # parser takes everything before a </think> for reasoning. Templates
+                # without the flag ignore it.
                 body["chat_template_kwargs"] = {"enable_thinking": False}
         return body
 
@@ -293,6 +295,14 @@ class VLLMEngine:
         await self._client.aclose()
 
 
+def _message(turn: ChatTurn) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": turn.role, "content": turn.content}
+    if turn.reasoning:
+        # vLLM hands it to the chat template as `reasoning` and `reasoning_content`.
+        message["reasoning"] = turn.reasoning
+    return message
+
+
 class _ChunkParser:
     """Turns vLLM's chunk objects into ``EngineChunk``s, holding back the finish chunk.
 
@@ -329,29 +339,35 @@ class _ChunkParser:
         choices = obj.get("choices") or []
         if not choices:
             if usage:
+                details = usage.get("completion_tokens_details")
+                reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
                 self.usage = Usage(
                     prompt_tokens=usage.get("prompt_tokens") or 0,
                     completion_tokens=usage.get("completion_tokens") or 0,
+                    reasoning_tokens=reasoning if isinstance(reasoning, int) else None,
                 )
             return []
         choice = choices[0]
         delta = choice.get("delta") or {}
-        text = delta.get("content") or ""
+        text = _text(delta.get("content"))
+        # vLLM 0.32 says `reasoning`; earlier releases (and other servers) `reasoning_content`.
+        reasoning = _text(delta.get("reasoning")) or _text(delta.get("reasoning_content"))
         finish_reason = choice.get("finish_reason")
-        tokens = self._tokens_in(delta, text, usage)
+        tokens = self._tokens_in(delta, text or reasoning, usage)
         if finish_reason is not None:
             self.final = EngineChunk(
                 text=text,
+                reasoning=reasoning,
                 tokens=tokens + self.pending_tokens,
                 finish_reason=finish_reason,
                 stop_reason=choice.get("stop_reason"),
             )
             self.pending_tokens = 0
             return []
-        if not text:
+        if not text and not reasoning:
             self.pending_tokens += tokens
             return []
-        chunk = EngineChunk(text=text, tokens=tokens + self.pending_tokens)
+        chunk = EngineChunk(text=text, reasoning=reasoning, tokens=tokens + self.pending_tokens)
         self.pending_tokens = 0
         self.tokens_yielded += chunk.tokens
         return [chunk]
@@ -382,6 +398,10 @@ class _ChunkParser:
             filled = self.context is not None and used >= self.context
             final.context_full = final.finish_reason == "length" and filled
         return final
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 async def _http_error(response: httpx.Response) -> EngineError:

@@ -576,3 +576,44 @@ def test_a_real_length_cut_inside_a_character() -> None:
     assert text.endswith("日本") and "\ufffd" not in text  # 語 was cut after one byte
     assert sum(c.tokens for c in chunks) + final.tokens == 30
     assert (final.finish_reason, final.context_full) == ("length", False)
+
+
+def test_real_reasoning_is_read_from_delta_reasoning() -> None:
+    chunks, final = replay("vllm-0.32-reasoning.txt", context=2048)
+
+    reasoning = "".join(c.reasoning for c in chunks)
+    answer = "".join(c.text for c in chunks) + final.text
+    assert reasoning == "Two and two make four, so the sum is four."
+    assert answer == "The answer is 4."
+    assert final.usage is not None and final.usage.reasoning_tokens == 17
+    assert sum(c.tokens for c in chunks) + final.tokens == final.usage.completion_tokens
+
+
+def test_reasoning_content_is_read_where_reasoning_is_absent() -> None:
+    parser = _ChunkParser()
+    events = [
+        _chunk({"role": "assistant", "content": ""}),
+        _chunk({"reasoning_content": "hm"}),
+        _chunk({"content": "yes"}, "stop"),
+    ]
+    chunks = [c for event in events for c in parser.feed(event)]
+
+    assert [(c.reasoning, c.text) for c in chunks] == [("hm", "")]
+    assert parser.finish().text == "yes"
+
+
+async def test_a_continue_sends_the_partial_answers_reasoning(
+    engine: VLLMEngine, emulator: str
+) -> None:
+    request = make_request(
+        messages=[
+            ChatTurn("user", f"Say something [[emu {json.dumps(FAST)}]]"),
+            ChatTurn("assistant", "", reasoning="Let me think"),
+        ],
+        continue_final=True,
+    )
+    await collect(engine, request)
+
+    body = (await record_of(emulator, request.request_id))["body"]
+    assert body["messages"][-1] == {"role": "assistant", "content": "", "reasoning": "Let me think"}
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}

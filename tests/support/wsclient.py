@@ -56,7 +56,7 @@ class ChatSocket:
 
     async def events_until_done(self, message_id: str) -> list[dict[str, Any]]:
         frames = await self.recv_until("done", message_id)
-        kinds = ("start", "delta", "error", "done")
+        kinds = ("start", "delta", "reasoning", "error", "done")
         return [f for f in frames if f.get("message_id") == message_id and f["type"] in kinds]
 
     async def close(self) -> None:

@@ -149,6 +149,7 @@ def plan_for(
     segment_index: int = 0,
     first_seq: int = 1,
     base_text: str = "",
+    base_reasoning: str = "",
 ) -> SegmentPlan:
     return SegmentPlan(
         message_id=answer.message_id,
@@ -157,6 +158,7 @@ def plan_for(
         segment_index=segment_index,
         first_seq=first_seq,
         base_text=base_text,
+        base_reasoning=base_reasoning,
         request=EngineRequest(
             messages=[ChatTurn("user", "hello")],
             request_id=f"req-{uuid.uuid4().hex[:8]}",
@@ -175,6 +177,10 @@ def termination_of(done: events.Event) -> dict[str, Any]:
 
 def texts(batch: list[events.Event]) -> list[str]:
     return [e["text"] for e in batch if e["type"] == events.DELTA]
+
+
+def thoughts(batch: list[events.Event]) -> list[str]:
+    return [e["text"] for e in batch if e["type"] == events.REASONING]
 
 
 # --- control between processes ---------------------------------------------------------

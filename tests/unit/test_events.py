@@ -27,3 +27,18 @@ def test_merge_collapses_runs_of_deltas_keeping_the_last_seq_and_first_stamp():
 def test_ws_frame_adds_the_message_id():
     payload = json.loads(events.ws_frame(events.delta(3, "x"), "mid"))
     assert payload == {"seq": 3, "type": "delta", "text": "x", "message_id": "mid"}
+
+
+def test_merge_keeps_reasoning_and_answer_apart():
+    batch = [
+        events.reasoning(2, "Let me "),
+        events.reasoning(3, "think."),
+        events.delta(4, "Four"),
+        events.delta(5, "."),
+        events.reasoning(6, "Hm."),
+    ]
+    assert events.merge(batch) == [
+        {"seq": 3, "type": "reasoning", "text": "Let me think."},
+        {"seq": 5, "type": "delta", "text": "Four."},
+        {"seq": 6, "type": "reasoning", "text": "Hm."},
+    ]

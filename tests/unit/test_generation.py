@@ -49,6 +49,7 @@ from tests.unit.scripted import (
     plan_for,
     termination_of,
     texts,
+    thoughts,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -101,7 +102,9 @@ async def launch(
     return Run(generation, engine, log, hub, reader)
 
 
-async def finish(run: Run, *, first_seq: int = 1, base_text: str = "") -> list[events.Event]:
+async def finish(
+    run: Run, *, first_seq: int = 1, base_text: str = "", base_reasoning: str = ""
+) -> list[events.Event]:
     """Wait for the end and check that log, readers and record agree; the segment's events."""
     await asyncio.wait_for(run.generation.finished.wait(), HANG)
     published = await asyncio.wait_for(run.reader, HANG)
@@ -115,6 +118,7 @@ async def finish(run: Run, *, first_seq: int = 1, base_text: str = "") -> list[e
     done = logged[-1]
     message = await load_message(run.message_id)
     assert message.content == base_text + "".join(texts(logged))
+    assert message.reasoning == base_reasoning + "".join(thoughts(logged))
     assert message.status == done["status"]
     assert message.last_seq == done["seq"]
     assert message.termination == termination_of(done)
@@ -175,6 +179,78 @@ async def test_length_truncates_and_the_usage_after_the_reason_is_kept(answer: A
     done = (await finish(run))[-1]
     assert (done["status"], done["finish_reason"]) == (Status.TRUNCATED, "length")
     assert (done["prompt_tokens"], done["completion_tokens"]) == (7, 2)
+
+
+async def test_reasoning_is_a_channel_of_its_own(answer: Answer) -> None:
+    run = await launch(
+        answer,
+        [
+            EngineChunk(reasoning="Two and ", tokens=2),
+            EngineChunk(reasoning="two.", tokens=1),
+            chunk("Four"),
+            chunk(".", finish_reason="stop"),
+            chunk(usage=Usage(prompt_tokens=5, completion_tokens=6, reasoning_tokens=3)),
+        ],
+        stop=["two"],  # stop strings are for the answer: the reasoning may say anything
+    )
+    logged = await finish(run)
+    assert [e["type"] for e in logged] == [
+        "start", "reasoning", "reasoning", "delta", "delta", "done"
+    ]  # fmt: skip
+    assert (thoughts(logged), texts(logged)) == (["Two and ", "two."], ["Four", "."])
+    done = logged[-1]
+    assert (done["status"], done["reasoning_tokens"], done["ended_in_reasoning"]) == (
+        Status.COMPLETE,
+        3,
+        False,
+    )
+    assert done["reasoning_ttft_ms"] is not None and done["ttft_ms"] is not None
+    assert done["reasoning_ttft_ms"] <= done["ttft_ms"]
+    [segment] = await load_segments(answer.message_id)
+    assert (segment.reasoning_start_offset, segment.reasoning_end_offset) == (0, 12)
+    assert segment.reasoning_tokens == 3
+
+
+async def test_an_answer_cut_while_reasoning_says_so(answer: Answer) -> None:
+    run = await launch(
+        answer, [EngineChunk(reasoning="Let me", tokens=2), chunk(finish_reason="length")]
+    )
+    done = (await finish(run))[-1]
+    assert (done["status"], done["ended_in_reasoning"], done["ttft_ms"]) == (
+        Status.TRUNCATED,
+        True,
+        None,
+    )
+
+
+async def test_a_continue_appends_to_the_reasoning_too(answer: Answer) -> None:
+    await add_segment(answer.message_id, 1, 5, WORKER)
+    run = await launch(
+        answer,
+        [EngineChunk(reasoning=" think.", tokens=1), chunk("Yes", finish_reason="stop")],
+        segment_index=1,
+        first_seq=5,
+        base_reasoning="Let me",
+    )
+    await finish(run, first_seq=5, base_reasoning="Let me")
+    segment = (await load_segments(answer.message_id))[-1]
+    assert (segment.reasoning_start_offset, segment.reasoning_end_offset) == (6, 13)
+
+
+async def test_reasoning_is_progress_for_the_stall_timeout(answer: Answer) -> None:
+    loop = asyncio.get_running_loop()
+    gates = [Gate() for _ in range(5)]
+    script: list[Step] = []
+    for gate in gates:
+        script += [gate, EngineChunk(reasoning="hm ", tokens=1)]
+    with override_settings(STREAMING={"STALL_TIMEOUT": 0.5}):
+        run = await launch(answer, [*script, chunk("ok", finish_reason="stop")])
+        # The engine thinks slowly but steadily: a token every 0.15 s, 0.75 s in all.
+        for step, gate in enumerate(gates, start=1):
+            loop.call_later(0.15 * step, gate.open)
+        done = (await finish(run))[-1]
+    assert done["status"] == Status.COMPLETE
+    assert done["reasoning_tokens"] is None  # the engine did not say
 
 
 async def test_a_stop_string_split_over_chunks_is_never_shown(answer: Answer) -> None:

@@ -241,6 +241,8 @@ async def test_models_and_health() -> None:
         ({"length": 0}, "length"),
         ({"length": 2.5}, "length"),
         ({"text": 3}, "text"),
+        ({"reasoning": ["x"]}, "reasoning"),
+        ({"reasoning_length": 0}, "reasoning_length"),
         ({"error_after_tokens": -1}, "error_after_tokens"),
         ({"stall_after_tokens": "2"}, "stall_after_tokens"),
         ({"seed": None}, "seed"),
@@ -259,3 +261,38 @@ def test_validation_normalises_numbers() -> None:
         "length": 3,
         "seed": -1,
     }
+
+
+async def test_reasoning_streams_as_text_before_the_answer() -> None:
+    chunks = await collect(make_request(simulation={"reasoning": MIXED, "text": "Done 🚀"}))
+    thinking = [c for c in chunks if c.reasoning]
+    assert "".join(c.reasoning for c in thinking) == MIXED
+    assert text_of(chunks) == "Done 🚀"
+    first_answer = next(i for i, c in enumerate(chunks) if c.token_bytes is not None)
+    assert all(chunks.index(c) < first_answer for c in thinking)
+    usage = chunks[-1].usage
+    assert usage is not None and usage.reasoning_tokens == sum(c.tokens for c in thinking)
+    assert usage.completion_tokens == sum(c.tokens for c in chunks)
+
+
+async def test_a_budget_spent_on_reasoning_ends_inside_it() -> None:
+    chunks = await collect(make_request(simulation={"reasoning_length": 40}, max_tokens=10))
+    assert chunks[-1].finish_reason == "length"
+    assert tokens_of(chunks) == []
+    assert sum(c.tokens for c in chunks) == 10
+    assert "\ufffd" not in "".join(c.reasoning for c in chunks)
+
+
+async def test_a_continue_goes_on_with_the_reasoning_or_the_answer() -> None:
+    simulation = {"reasoning": "Step one. Step two.", "text": "The answer."}
+    mid_reasoning = make_request(simulation=simulation, continue_final=True)
+    mid_reasoning.messages.append(ChatTurn("assistant", "", reasoning="Step one."))
+    mid_answer = make_request(simulation=simulation, continue_final=True)
+    mid_answer.messages.append(ChatTurn("assistant", "The", reasoning="Step one. Step two."))
+
+    resumed = await collect(mid_reasoning)
+    assert "".join(c.reasoning for c in resumed) == " Step two."
+    assert text_of(resumed) == "The answer."
+    answered = await collect(mid_answer)
+    assert "".join(c.reasoning for c in answered) == ""
+    assert text_of(answered) == " answer."

@@ -232,6 +232,19 @@ def build_table(tokenizer: Any) -> tuple[Table, dict[str, int]]:
             table.add(key, context[i], f"{name} token {i - 2}", strict=True)
         if name != "endless":
             table.add((mode, context[-2], context[-1]), eos, f"{name} end", strict=True)
+        if reasoning:
+            # A Continue cut inside the reasoning: the template closes it, the model answers.
+            thought = _ids(tokenizer, reasoning)
+            for cut in range(1, len(thought)):
+                end = _complete_prefix(tokenizer, thought, cut)
+                partial = tokenizer.decode(thought[:end])
+                again = _ids(
+                    tokenizer,
+                    f"assistant\n{planted.THINK_START}{partial}{planted.THINK_END}",
+                )
+                where = f"{name} continued inside the reasoning after token {end}"
+                if end and table.add((mode, again[-2], again[-1]), answer[0], where, strict=False):
+                    table.add((mode, again[-1], answer[0]), answer[1], where, strict=False)
         rendered = f"{planted.THINK_START}{reasoning}{planted.THINK_END}" if reasoning else ""
         for cut in range(1, len(answer)):
             end = _complete_prefix(tokenizer, answer, cut)
@@ -483,6 +496,14 @@ def check(directory: Path) -> list[str]:
                 },
             ],
             " is 4." + end,
+            {"continue_final_message": True},
+        ),
+        (
+            [
+                {"role": "user", "content": f"Please {planted.PONDER} this"},
+                {"role": "assistant", "content": "", "reasoning_content": "Two and two make"},
+            ],
+            planted.REASONED_ANSWER + end,
             {"continue_final_message": True},
         ),
     ]

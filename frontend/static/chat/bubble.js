@@ -5,6 +5,7 @@
 import { el } from "./dom.js";
 import { copyWithFeedback, MarkdownView } from "./markdown.js";
 import { canContinue, cutOffReason } from "./termination.js";
+import { ThinkingBlock } from "./thinking.js";
 
 const TIME = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
 const FULL_TIME = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "medium" });
@@ -64,6 +65,7 @@ export class AssistantBubble {
     this.actions = actions;
     this.text = message.content || "";
     this.status = message.status;
+    this.thinking = new ThinkingBlock(message.reasoning, message.termination);
     this.content = el("div", { class: "content", dir: "auto" });
     this.markdown = new MarkdownView(this.content);
     this.state = el("p", { class: "stream-state", role: "status" });
@@ -87,7 +89,7 @@ export class AssistantBubble {
     this.node = el(
       "article",
       { class: "message assistant", "data-message-id": this.id, "aria-label": "Answer" },
-      el("div", { class: "bubble" }, this.content),
+      el("div", { class: "bubble" }, this.thinking.node, this.content),
       el("div", { class: "message-foot" }, this.state, this.cutOff),
       this.actionBar,
     );
@@ -152,6 +154,7 @@ export class AssistantBubble {
 
   event(event) {
     if (event.type === "delta") {
+      this.thinking.settle();
       this.text += event.text;
       this.lastTokenAt = performance.now();
       if (!this.segmentText && event.text) {
@@ -161,6 +164,8 @@ export class AssistantBubble {
         this.showState();
       }
       this.scheduleRender();
+    } else if (event.type === "reasoning") {
+      this.thinking.append(event.text);
     } else if (event.type === "error") {
       this.error = `Error: ${event.error ? event.error.message : "unknown"}`;
       this.showState();
@@ -169,12 +174,14 @@ export class AssistantBubble {
 
   /** The stream delivered `done`: its record is the termination of this segment. */
   ended(record) {
+    this.thinking.settle(record);
     this.render();
     this.showEnd(record);
   }
 
   /** The REST record of a message that ended while we were not connected. */
   settled(message) {
+    this.thinking.replace(message.reasoning, message.termination);
     this.text = message.content;
     this.render();
     this.showEnd(message.termination);

@@ -14,6 +14,11 @@ export function cutOffReason(termination, config) {
   const status = termination && termination.status;
   if (!status || status === "streaming" || NATURAL_ENDS.has(status)) return null;
   if (termination.context_full) return "The conversation fills the model's context";
+  const reason = plainReason(status, termination, config);
+  return termination.ended_in_reasoning ? `${reason} while thinking` : reason;
+}
+
+function plainReason(status, termination, config) {
   switch (status) {
     case "truncated":
       return "Max tokens reached";

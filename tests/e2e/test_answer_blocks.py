@@ -1,0 +1,47 @@
+"""The blocks of an answer that are not its text: the model's reasoning as a "Thinking"
+block above the answer (simulated engine with its ``reasoning`` parameter)."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+pytestmark = pytest.mark.e2e
+
+THOUGHT = "First <b>this</b>, then that: 日本語 🚀."
+
+
+def test_thinking_streams_above_the_answer_then_folds_away(open_chat):
+    chat = open_chat()
+    answer = chat.ask(
+        "think first", reasoning=THOUGHT, text="The answer.", tokens_per_second=8, ttft_ms=0
+    )
+    thinking = answer.locator("details.thinking")
+    # Live while the model thinks: open, labelled, the text arriving.
+    expect(thinking).to_have_attribute("data-state", "thinking")
+    expect(thinking).to_have_attribute("open", "")
+    expect(thinking.locator("summary")).to_have_text("Thinking…")
+    expect(answer).to_have_attribute("data-status", "complete", timeout=20_000)
+    # Folded once the answer began, with how long it took; reasoning is text, not markup.
+    expect(thinking).not_to_have_attribute("open", "")
+    expect(thinking.locator("summary")).to_contain_text("Thought for")
+    assert thinking.locator(".thinking-text").text_content() == THOUGHT
+    expect(thinking.locator("b")).to_have_count(0)
+    expect(chat.content(answer)).to_have_text("The answer.")
+    stored = chat.server_message(answer)
+    assert (stored["reasoning"], stored["content"]) == (THOUGHT, "The answer.")
+
+    # A reload shows the stored reasoning folded, with its duration from the record.
+    chat.page.reload()
+    chat.wait_ready()
+    again = chat.page.locator("article.message.assistant").last
+    expect(again.locator("details.thinking summary")).to_contain_text("Thought for")
+    assert again.locator(".thinking-text").text_content() == THOUGHT
+    assert chat.errors == []
+
+
+def test_an_answer_without_reasoning_shows_no_thinking_block(open_chat):
+    chat = open_chat()
+    answer = chat.ask("plain", text="Just text.", tokens_per_second=200)
+    expect(answer).to_have_attribute("data-status", "complete")
+    expect(answer.locator("details.thinking")).to_be_hidden()
