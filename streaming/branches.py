@@ -81,9 +81,10 @@ def sibling_ids(conversation_id: Any, parent_id: Any) -> list[str]:
 
 def path_messages(conversation_id: Any, message_id: Any) -> list[Message]:
     """The messages from the conversation's first down to ``message_id`` (role, content,
-    parent loaded): the prompt of an answer to ``message_id``, nothing from other branches."""
+    tool calls, parent loaded): the prompt of an answer to ``message_id``, nothing from
+    other branches."""
     rows = Message.objects.filter(conversation_id=conversation_id).only(
-        "id", "parent_id", "role", "content"
+        "id", "parent_id", "role", "content", "tool_calls", "tool_call_id"
     )
     by_id = {str(m.id): m for m in rows}
     path: list[Message] = []

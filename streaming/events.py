@@ -4,9 +4,11 @@ is ``streaming.transports.eventstream``).
 An event is a plain dict ``{"seq": N, "type": ..., ...}``; ``seq`` increases per message
 across all of its segments, so a reader's cursor is one integer on every transport.
 ``delta`` carries answer text, ``reasoning`` the model's reasoning (shown apart, never
-part of the answer). Readers merge consecutive events of one text type before writing
-(``merge``): a slow or busy reader sends fewer, larger frames and never falls behind the
-log by more than one write.
+part of the answer), ``tool_call`` a piece of a tool call the model makes (its ``index``;
+the first piece its ``id`` and ``name``, every piece a fragment of its JSON
+``arguments``). Readers merge consecutive events of one kind before writing (``merge``):
+a slow or busy reader sends fewer, larger frames and never falls behind the log by more
+than one write.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ Event = dict[str, Any]
 START = "start"
 DELTA = "delta"
 REASONING = "reasoning"
+TOOL_CALL = "tool_call"
 ERROR = "error"
 # The event types that carry text, merged run by run.
 TEXT_TYPES = frozenset({DELTA, REASONING})
@@ -40,6 +43,37 @@ def reasoning(seq: int, text: str) -> Event:
     return {"seq": seq, "type": REASONING, "text": text}
 
 
+def tool_call(seq: int, *, index: int, id: str = "", name: str = "", arguments: str = "") -> Event:
+    return {
+        "seq": seq,
+        "type": TOOL_CALL,
+        "index": index,
+        "id": id,
+        "name": name,
+        "arguments": arguments,
+    }
+
+
+class ToolCalls:
+    """Whole tool calls from their pieces (``tool_call`` events), in OpenAI's shape:
+    ``[{"id", "type": "function", "function": {"name", "arguments"}}]`` by index."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, Any]] = {}
+
+    def add(self, event: Event) -> None:
+        call = self.calls.setdefault(
+            event["index"],
+            {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        call["id"] = call["id"] or event["id"]
+        call["function"]["name"] = call["function"]["name"] or event["name"]
+        call["function"]["arguments"] += event["arguments"]
+
+    def as_list(self) -> list[dict[str, Any]]:
+        return [self.calls[index] for index in sorted(self.calls)]
+
+
 def error(seq: int, *, message: str, type: str, code: Any = None) -> Event:
     return {"seq": seq, "type": ERROR, "error": {"message": message, "type": type, "code": code}}
 
@@ -50,7 +84,8 @@ def done(seq: int, *, segment: int, termination: dict[str, Any]) -> Event:
 
 def merge(events: list[Event]) -> list[Event]:
     """Collapse runs of consecutive deltas (or reasoning events) into one event of that
-    type carrying the run's last seq; a delta and a reasoning event never merge.
+    type carrying the run's last seq; a delta and a reasoning event never merge. A run of
+    pieces of one tool call becomes one piece with all their arguments.
 
     The merged delta keeps the *earliest* emit stamp so latency measurements stay honest.
     Linear in the text: a run's texts are joined once (a replayed page is hundreds).
@@ -61,6 +96,17 @@ def merge(events: list[Event]) -> list[Event]:
     def close_run() -> None:
         if len(run) == 1:
             merged.append(run[0])
+        elif run and run[0]["type"] == TOOL_CALL:
+            first = run[0]
+            merged.append(
+                {
+                    **first,
+                    "seq": run[-1]["seq"],
+                    "id": next((e["id"] for e in run if e["id"]), ""),
+                    "name": next((e["name"] for e in run if e["name"]), ""),
+                    "arguments": "".join(e["arguments"] for e in run),
+                }
+            )
         elif run:
             combined: Event = {
                 "seq": run[-1]["seq"],
@@ -73,17 +119,21 @@ def merge(events: list[Event]) -> list[Event]:
         run.clear()
 
     for event in events:
-        kind = event["type"]
-        if kind in TEXT_TYPES and (not run or run[0]["type"] == kind):
-            run.append(event)
-        elif kind in TEXT_TYPES:
+        if run and not _same_run(run[0], event):
             close_run()
+        if event["type"] in TEXT_TYPES or event["type"] == TOOL_CALL:
             run.append(event)
         else:
-            close_run()
             merged.append(event)
     close_run()
     return merged
+
+
+def _same_run(first: Event, event: Event) -> bool:
+    """Whether ``event`` merges into the run that ``first`` began."""
+    if first["type"] != event["type"]:
+        return False
+    return bool(first["type"] != TOOL_CALL or first["index"] == event["index"])
 
 
 # One encoder for the process: ``json.dumps`` with options builds a new encoder per call,

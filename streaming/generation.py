@@ -4,7 +4,9 @@ prompt -> engine -> incremental UTF-8 detokenisation -> stop-sequence hold-back 
 event log (+ local fan-out) -> write-behind persistence -> final record + ``done``.
 The model's reasoning, when the engine splits it off, is a channel of its own: ``reasoning``
 events beside the answer's ``delta`` events, persisted apart (stop sequences apply to the
-answer only).
+answer only). Tool calls the engine's parser finds are ``tool_call`` events, persisted on
+the segment and the message; the model finishes with ``tool_calls`` and the caller runs
+them.
 
 A generation is an asyncio task of the process that accepted the request. It never runs
 inside a consumer handler, so a reader's disconnect is seen at once and never blocks it.
@@ -21,6 +23,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from streaming import database, events, metrics, signals
 from streaming.conf import streaming_settings
@@ -31,6 +34,7 @@ from streaming.engines.base import (
     EngineContextFull,
     EngineError,
     EngineRequest,
+    ToolCallDelta,
 )
 from streaming.hub import Hub
 from streaming.logcontext import stream_context
@@ -67,6 +71,7 @@ class SegmentPlan:
     base_text: str  # the message's content before this segment (Continue)
     request: EngineRequest
     base_reasoning: str = ""  # the message's reasoning before this segment
+    base_tool_calls: list[dict[str, Any]] = field(default_factory=list)
     abandon_grace: float = field(default_factory=lambda: streaming_settings.ABANDON_GRACE)
 
 
@@ -95,6 +100,8 @@ class Generation:
         self.seq = plan.first_seq - 1
         self.parts: list[str] = []
         self.reasoning_parts: list[str] = []
+        # This segment's tool calls, as their pieces arrive.
+        self.tool_calls = events.ToolCalls()
         # Whether the model is in its reasoning now: a Continue of an answer cut while
         # reasoning starts there.
         self.in_reasoning = bool(plan.base_reasoning) and not plan.base_text
@@ -366,6 +373,9 @@ class Generation:
                 self.reasoning_parts.append(thought)
                 self.in_reasoning = True
                 await self._emit([events.reasoning(self._next_seq(), thought)])
+            if chunk.tool_calls:
+                self.in_reasoning = False
+                await self._emit([self._tool_call(piece) for piece in chunk.tool_calls])
             text = chunk.text if chunk.token_bytes is None else detok.feed(chunk.token_bytes)
             text = storable(text)
             if text:
@@ -383,6 +393,18 @@ class Generation:
             if chunk.finish_reason is not None:
                 # Keep reading: vLLM sends the usage chunk and [DONE] after the reason.
                 self._apply_finish(termination, chunk)
+
+    def _tool_call(self, piece: ToolCallDelta) -> events.Event:
+        """The event of one piece of a tool call (texts made storable), added to its call."""
+        event = events.tool_call(
+            self._next_seq(),
+            index=piece.index,
+            id=storable(piece.id),
+            name=storable(piece.name),
+            arguments=storable(piece.arguments),
+        )
+        self.tool_calls.add(event)
+        return event
 
     def _apply_finish(self, termination: Termination, chunk: EngineChunk) -> None:
         reason = None if chunk.finish_reason is None else storable(chunk.finish_reason)
@@ -470,6 +492,8 @@ class Generation:
                     termination=termination,
                     reasoning=reasoning,
                     reasoning_start_offset=len(self.plan.base_reasoning),
+                    tool_calls=self.tool_calls.as_list(),
+                    earlier_tool_calls=self.plan.base_tool_calls,
                 )
                 metrics.PERSIST_LATENCY.labels(kind="final").observe(time.monotonic() - started)
                 return owned

@@ -57,6 +57,7 @@ class Message(models.Model):
         USER = "user", "User"
         ASSISTANT = "assistant", "Assistant"
         SYSTEM = "system", "System"
+        TOOL = "tool", "Tool result"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     conversation = models.ForeignKey(
@@ -71,6 +72,10 @@ class Message(models.Model):
     content = models.TextField(blank=True, default="")
     # The model's reasoning before (and between) its answer's text, all segments' in order.
     reasoning = models.TextField(blank=True, default="")
+    # An assistant message's tool calls, in OpenAI's shape: [{"id", "type": "function",
+    # "function": {"name", "arguments"}}]; a tool message names the call it answers.
+    tool_calls = models.JSONField(default=list, blank=True)
+    tool_call_id = models.CharField(max_length=200, blank=True, default="")
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.COMPLETE, db_index=True
     )
@@ -103,6 +108,8 @@ class Segment(models.Model):
     # Where this segment's reasoning lies in the message's reasoning.
     reasoning_start_offset = models.PositiveIntegerField(default=0)
     reasoning_end_offset = models.PositiveIntegerField(default=0)
+    # The tool calls the model made in this segment (the message holds all of them).
+    tool_calls = models.JSONField(default=list, blank=True)
     first_seq = models.PositiveBigIntegerField(default=0)
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.STREAMING, db_index=True

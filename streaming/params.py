@@ -8,6 +8,8 @@ so the documented bounds are the enforced ones.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +49,20 @@ NUMBERS: dict[str, Number] = {
 }
 # ``stop``: a string or a list of at most MAX_STOP_SEQUENCES strings of 1..MAX_STOP_CHARS.
 MAX_STOP_CHARS = 200
-ALLOWED = ("max_tokens", "temperature", "top_p", "stop", "seed", "simulation")
+# ``tools``: OpenAI's function tools, at most MAX_TOOLS; ``tool_choice`` as OpenAI's.
+MAX_TOOLS = 128
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+TOOL_CHOICES = ("none", "auto", "required")
+ALLOWED = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "tools",
+    "tool_choice",
+    "simulation",
+)
 
 
 def max_stop_sequences() -> int:
@@ -87,6 +102,51 @@ def _stop(raw: Any) -> list[str]:
     return stop
 
 
+def _tools(raw: Any) -> list[dict[str, Any]]:
+    if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
+        raise ParamError("params.tools", f"must be a list of at most {MAX_TOOLS} tools")
+    tools = []
+    for i, tool in enumerate(raw):
+        where = f"params.tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise ParamError(f"{where}.type", 'must be "function"')
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise ParamError(f"{where}.function", "must be an object")
+        name = function.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise ParamError(f"{where}.function.name", "must be 1-64 of A-Z a-z 0-9 _ . -")
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise ParamError(f"{where}.function.description", "must be a string")
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise ParamError(f"{where}.function.parameters", "must be a JSON Schema object")
+        if not is_storable(json.dumps(tool, ensure_ascii=False)):
+            raise ParamError(where, UNSTORABLE)
+        tools.append(tool)
+    return tools
+
+
+def _tool_choice(raw: Any, tools: list[dict[str, Any]]) -> Any:
+    if isinstance(raw, str) and raw in TOOL_CHOICES:
+        return raw
+    names = {tool["function"]["name"] for tool in tools}
+    function = raw.get("function") if isinstance(raw, dict) else None
+    if (
+        isinstance(raw, dict)
+        and raw.get("type") == "function"
+        and isinstance(function, dict)
+        and function.get("name") in names
+    ):
+        return {"type": "function", "function": {"name": function["name"]}}
+    raise ParamError(
+        "params.tool_choice",
+        'must be "none", "auto", "required" or {"type": "function", "function": {"name": '
+        "one of the tools}}",
+    )
+
+
 def validate_params(raw: Any, *, accepts_simulation: bool) -> dict[str, Any]:
     """Return the cleaned params or raise ``ParamError`` naming the offending field."""
     if raw is None:
@@ -102,6 +162,10 @@ def validate_params(raw: Any, *, accepts_simulation: bool) -> dict[str, Any]:
             clean[name] = _number(name, spec, raw[name])
     if raw.get("stop") is not None:
         clean["stop"] = _stop(raw["stop"])
+    if raw.get("tools") is not None:
+        clean["tools"] = _tools(raw["tools"])
+    if raw.get("tool_choice") is not None:
+        clean["tool_choice"] = _tool_choice(raw["tool_choice"], clean.get("tools", []))
     if raw.get("simulation") is not None:
         if not accepts_simulation:
             raise ParamError(

@@ -13,6 +13,7 @@ event, which makes finalisation exactly-once across processes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
@@ -91,11 +92,15 @@ def finalize_segment(
     termination: Termination,
     reasoning: str = "",
     reasoning_start_offset: int = 0,
+    tool_calls: list[dict[str, Any]] | None = None,
+    earlier_tool_calls: list[dict[str, Any]] | None = None,
 ) -> bool:
     """Persist the end of a segment; False when someone else already finalised it.
 
     ``content`` and ``reasoning`` are the whole message's; the segment's own parts begin
-    at ``start_offset`` and ``reasoning_start_offset`` in them."""
+    at ``start_offset`` and ``reasoning_start_offset`` in them. ``tool_calls`` are the
+    segment's own, ``earlier_tool_calls`` those of the message's earlier segments."""
+    calls = list(tool_calls or [])
     now = timezone.now()
     t = termination
     with transaction.atomic():
@@ -107,6 +112,7 @@ def finalize_segment(
             end_offset=len(content),
             reasoning_start_offset=reasoning_start_offset,
             reasoning_end_offset=len(reasoning),
+            tool_calls=calls,
             finish_reason=t.finish_reason,
             stop_reason=None if t.stop_reason is None else str(t.stop_reason),
             prompt_tokens=t.prompt_tokens,
@@ -129,6 +135,7 @@ def finalize_segment(
         Message.objects.filter(id=message_id).update(
             content=content,
             reasoning=reasoning,
+            tool_calls=[*(earlier_tool_calls or []), *calls],
             status=t.status,
             termination=t.as_dict(),
             last_seq=last_seq,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from streaming import database, events, metrics, signals
 from streaming.conf import streaming_settings
@@ -39,6 +40,7 @@ class Orphan:
     completion_tokens: int
     db_reasoning: str = ""
     reasoning_start_offset: int = 0
+    earlier_tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _streaming_workers() -> list[str]:
@@ -64,6 +66,8 @@ def _orphans(workers: list[str]) -> list[Orphan]:
             completion_tokens=s.completion_tokens,
             db_reasoning=s.message.reasoning,
             reasoning_start_offset=s.reasoning_start_offset,
+            # A Continue starts a segment after its message's tool calls were final.
+            earlier_tool_calls=list(s.message.tool_calls),
         )
         for s in rows
     ]
@@ -124,6 +128,11 @@ class Reaper:
         tail = "".join(e["text"] for e in logged if e["type"] == events.DELTA)
         content = orphan.db_content + tail
         thought = "".join(e["text"] for e in logged if e["type"] == events.REASONING)
+        # Tool calls are not written behind: the log holds the segment's only copy.
+        calls = events.ToolCalls()
+        for event in await self.log.read(orphan.message_id, orphan.first_seq - 1):
+            if event["type"] == events.TOOL_CALL:
+                calls.add(event)
         reasoning = orphan.db_reasoning + thought
         texts = [e["type"] for e in logged if e["type"] in events.TEXT_TYPES]
         last_seq = logged[-1]["seq"] if logged else stored
@@ -155,6 +164,8 @@ class Reaper:
             termination=termination,
             reasoning=reasoning,
             reasoning_start_offset=orphan.reasoning_start_offset,
+            tool_calls=calls.as_list(),
+            earlier_tool_calls=orphan.earlier_tool_calls,
         )
         if not owned:
             return False

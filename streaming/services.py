@@ -90,16 +90,26 @@ def _id_or_none(value: Any) -> str | None:
 def _turns(
     conversation: Conversation, messages: list[Message], partial: Message | None = None
 ) -> list[ChatTurn]:
-    """The prompt: the system prompt, then every message with text. ``partial`` is the
-    answer a Continue extends, last: it goes with its reasoning (the model must see its
-    own thinking to go on from it), even when the cut came before any answer text."""
+    """The prompt: the system prompt, then every message with text or tool calls (with
+    them, and a tool result with the call it answers). ``partial`` is the answer a
+    Continue extends, last: it goes with its reasoning (the model must see its own
+    thinking to go on from it), even when the cut came before any answer text."""
     turns = []
     if conversation.system_prompt:
         turns.append(ChatTurn("system", conversation.system_prompt))
-    turns.extend(ChatTurn(m.role, m.content) for m in messages if m.content)
+    turns.extend(_turn(m) for m in messages if m.content or m.tool_calls)
     if partial is not None:
         turns.append(ChatTurn(partial.role, partial.content, partial.reasoning))
     return turns
+
+
+def _turn(message: Message) -> ChatTurn:
+    return ChatTurn(
+        message.role,
+        message.content,
+        tool_calls=tuple(message.tool_calls or ()),
+        tool_call_id=message.tool_call_id,
+    )
 
 
 def _engine_request(
@@ -123,6 +133,8 @@ def _engine_request(
         stop=list(params.get("stop", [])),
         continue_final=continue_final,
         simulation=dict(params.get("simulation", {})),
+        tools=params.get("tools"),
+        tool_choice=params.get("tool_choice"),
     )
 
 
@@ -213,9 +225,22 @@ def _start_answer(
     return assistant, plan
 
 
-def _ask(conversation: Conversation, parent_id: Any, content: str) -> Message:
+def _ask(
+    conversation: Conversation,
+    parent_id: Any,
+    content: str,
+    *,
+    role: str = Message.Role.USER,
+    tool_call_id: str = "",
+) -> Message:
+    """The message an answer answers: the user's question, or a tool's result (with the
+    call of the model's it answers, in a tool loop)."""
     question = Message.objects.create(
-        conversation=conversation, parent_id=parent_id, role=Message.Role.USER, content=content
+        conversation=conversation,
+        parent_id=parent_id,
+        role=role,
+        content=content,
+        tool_call_id=tool_call_id,
     )
     question._prefetched_objects_cache = {"segments": []}  # type: ignore[attr-defined]
     return question
@@ -229,6 +254,7 @@ def _create_exchange(
     model: str,
     prior: list[ChatTurn],
     grace: float | None,
+    asked: ChatTurn,
 ) -> tuple[Message, Message, SegmentPlan, dict[str, list[str]]]:
     with transaction.atomic():
         if conversation_id is None:
@@ -245,9 +271,16 @@ def _create_exchange(
         parent_id = conversation.current_leaf_id
         for turn in prior:
             parent_id = Message.objects.create(
-                conversation=conversation, parent_id=parent_id, role=turn.role, content=turn.content
+                conversation=conversation,
+                parent_id=parent_id,
+                role=turn.role,
+                content=turn.content,
+                tool_calls=list(turn.tool_calls),
+                tool_call_id=turn.tool_call_id,
             ).id
-        user_message = _ask(conversation, parent_id, content)
+        user_message = _ask(
+            conversation, parent_id, content, role=asked.role, tool_call_id=asked.tool_call_id
+        )
         if not conversation.title:
             conversation.title = content.strip().splitlines()[0][:80] if content.strip() else ""
             conversation.title_source = Conversation.TitleSource.QUESTION
@@ -298,12 +331,15 @@ def create_exchange(
     *,
     prior: list[ChatTurn] | None = None,
     abandon_grace: float | None = None,
+    tool_call_id: str = "",
 ) -> Exchange:
     """Create the user message and the streaming assistant message, and start the answer.
 
     ``conversation_id`` ``None``: in a new conversation, created in the same transaction
     (a refused request leaves nothing behind). ``prior``: earlier turns to store first
-    (the OpenAI endpoint's history), at most ``MAX_PRIOR_MESSAGES``.
+    (the OpenAI endpoint's history), at most ``MAX_PRIOR_MESSAGES``. ``tool_call_id``:
+    ``content`` is not the user's but a tool's result, for that call of the model's (the
+    turn of a tool loop that hands the result back).
 
     Synchronous, for the thread that already holds a database connection (a REST
     request's): the rows are written here and only the start hops onto the runtime's
@@ -319,6 +355,7 @@ def create_exchange(
             f"at most {settings.MAX_PRIOR_MESSAGES} earlier messages per request",
             field="messages",
         )
+    role = Message.Role.TOOL if tool_call_id else Message.Role.USER
     user_message, assistant, plan, siblings = _create_exchange(
         user,
         conversation_id,
@@ -327,6 +364,7 @@ def create_exchange(
         runtime.engine.model,
         prior or [],
         abandon_grace,
+        ChatTurn(role, content, tool_call_id=tool_call_id),
     )
     return Exchange(user_message, assistant, runtime.launch_threadsafe(plan), siblings)
 
@@ -339,6 +377,7 @@ async def post_message(
     *,
     prior: list[ChatTurn] | None = None,
     abandon_grace: float | None = None,
+    tool_call_id: str = "",
 ) -> Exchange:
     """``create_exchange`` for async callers: one trip to a database thread."""
     return await database.run(
@@ -349,6 +388,7 @@ async def post_message(
         raw_params,
         prior=prior,
         abandon_grace=abandon_grace,
+        tool_call_id=tool_call_id,
     )
 
 

@@ -22,10 +22,16 @@ from streaming.storable import UNSTORABLE, is_storable
 from streaming.termination import Status
 from streaming.transports import eventstream
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 # Our generation params, under their OpenAI names (``max_completion_tokens`` wins).
-PASSED_PARAMS = ("temperature", "top_p", "stop", "seed", "simulation")
-UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "logprobs")
+PASSED_PARAMS = ("temperature", "top_p", "stop", "seed", "tools", "tool_choice", "simulation")
+UNSUPPORTED = ("functions", "function_call", "logprobs")
 # OpenAI parameters no engine here honours, accepted only at the value that means "as if
 # absent" (what many clients send by default); any other value is refused naming it, since
 # answering while ignoring it would answer a different question.
@@ -89,6 +95,9 @@ def openai_field(name: str | None, last_index: int | None) -> str | None:
 
 @dataclass(slots=True)
 class CompletionRequest:
+    """``content`` is the last message's: the user's, or a tool's result for the call
+    ``tool_call_id`` names (a tool loop's next turn)."""
+
     model: str
     prior: list[ChatTurn]
     content: str
@@ -96,6 +105,7 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     last_index: int = 0
+    tool_call_id: str = ""
 
 
 def _text(content: Any, where: str) -> str:
@@ -167,10 +177,13 @@ def parse_request(body: Any, served: set[str]) -> CompletionRequest:
             raise InvalidParams(
                 f"must be one of {', '.join(sorted(ROLES))}", field=f"messages[{i}].role"
             )
-        turns.append(ChatTurn(role, _text(message.get("content"), f"messages[{i}].content")))
+        turns.append(_turn(message, role, f"messages[{i}]"))
     last = len(turns) - 1
-    if turns[last].role != "user":
-        raise InvalidParams("the last message must be the user's", field=f"messages[{last}].role")
+    if turns[last].role not in ("user", "tool"):
+        raise InvalidParams(
+            "the last message must be the user's or a tool's result",
+            field=f"messages[{last}].role",
+        )
     stream = _flag(body, "stream")
     options = body.get("stream_options")
     include_usage = False
@@ -192,7 +205,50 @@ def parse_request(body: Any, served: set[str]) -> CompletionRequest:
         stream=stream,
         include_usage=include_usage,
         last_index=last,
+        tool_call_id=turns[last].tool_call_id,
     )
+
+
+def _turn(message: dict[str, Any], role: str, where: str) -> ChatTurn:
+    """One message: an assistant's may carry ``tool_calls`` (its content then may be
+    null), a tool's must name the call it answers (``tool_call_id``)."""
+    content = _text(message.get("content"), f"{where}.content")
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id or len(call_id) > 200:
+            raise InvalidParams(
+                "must be the id of the call answered", field=f"{where}.tool_call_id"
+            )
+        if not is_storable(call_id):
+            raise InvalidParams(UNSTORABLE, field=f"{where}.tool_call_id")
+        return ChatTurn(role, content, tool_call_id=call_id)
+    raw_calls = message.get("tool_calls")
+    if role != "assistant" or raw_calls is None:
+        return ChatTurn(role, content)
+    if not isinstance(raw_calls, list):
+        raise InvalidParams("must be a list of tool calls", field=f"{where}.tool_calls")
+    calls = []
+    for j, call in enumerate(raw_calls):
+        at = f"{where}.tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(call, dict) or not isinstance(call.get("id"), str) or not call["id"]:
+            raise InvalidParams("must have an id", field=f"{at}.id")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidParams("must name the function", field=f"{at}.function.name")
+        arguments = function.get("arguments", "")
+        if not isinstance(arguments, str):
+            raise InvalidParams("must be a JSON string", field=f"{at}.function.arguments")
+        fields = (call["id"], function["name"], arguments)
+        if not all(is_storable(value) for value in fields):
+            raise InvalidParams(UNSTORABLE, field=at)
+        calls.append(
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": function["name"], "arguments": arguments},
+            }
+        )
+    return ChatTurn(role, content, tool_calls=tuple(calls))
 
 
 def usage_of(termination: dict[str, Any]) -> dict[str, Any]:
@@ -262,6 +318,9 @@ class ChunkStream:
             elif kind == events.REASONING and event["text"]:
                 out += self._role()
                 out += eventstream.data(self._chunk({"reasoning": event["text"]}))
+            elif kind == events.TOOL_CALL:
+                out += self._role()
+                out += eventstream.data(self._chunk({"tool_calls": [_tool_call_delta(event)]}))
             elif kind == events.ERROR:
                 out += self.error(event["error"])
             elif kind == events.DONE:
@@ -280,7 +339,7 @@ class ChunkStream:
         if status in FAILED:
             out += self.error(termination_error(done))
         elif not self.error_sent:
-            out += eventstream.data(self._chunk({}, FINISH_REASONS.get(str(status), "stop")))
+            out += eventstream.data(self._chunk({}, finish_reason_of(done)))
             if self.include_usage:
                 usage = self._chunk({})
                 usage["choices"] = []
@@ -291,6 +350,27 @@ class ChunkStream:
         return bytes(out)
 
 
+def finish_reason_of(termination: dict[str, Any]) -> str:
+    """OpenAI's finish reason for a termination record."""
+    if termination.get("finish_reason") == "tool_calls":
+        return "tool_calls"
+    return FINISH_REASONS.get(str(termination.get("status", "")), "stop")
+
+
+def _tool_call_delta(event: events.Event) -> dict[str, Any]:
+    """A ``tool_call`` event as OpenAI streams it: the first piece of a call with its id,
+    type and name, every piece with its fragment of the arguments."""
+    piece: dict[str, Any] = {"index": event["index"]}
+    if event["id"]:
+        piece["id"] = event["id"]
+        piece["type"] = "function"
+    function: dict[str, Any] = {"arguments": event["arguments"]}
+    if event["name"]:
+        function = {"name": event["name"], **function}
+    piece["function"] = function
+    return piece
+
+
 def completion(
     completion_id: str,
     model: str,
@@ -298,12 +378,16 @@ def completion(
     text: str,
     termination: dict[str, Any],
     reasoning: str = "",
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The non-streaming ``chat.completion`` object; ``message.reasoning`` (vLLM's name)
-    holds the reasoning when there was any."""
+    holds the reasoning when there was any, ``message.tool_calls`` the calls."""
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if reasoning:
         message["reasoning"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+        message["content"] = text or None
     return {
         "id": completion_id,
         "object": "chat.completion",
@@ -314,7 +398,7 @@ def completion(
                 "index": 0,
                 "message": message,
                 "logprobs": None,
-                "finish_reason": FINISH_REASONS.get(termination.get("status", ""), "stop"),
+                "finish_reason": finish_reason_of(termination),
             }
         ],
         "usage": usage_of(termination),

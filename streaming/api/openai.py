@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Any
 
-from streaming import selectors, services
+from streaming import events, selectors, services
 from streaming.api.completions import (
     FAILED,
     ChunkStream,
@@ -199,6 +199,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
             request.params,
             prior=request.prior,
             abandon_grace=0,
+            tool_call_id=request.tool_call_id,
         )
 
     async def stream(
@@ -235,6 +236,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
     ) -> None:
         parts: list[str] = []
         thoughts: list[str] = []
+        calls = events.ToolCalls()
         error: dict[str, Any] | None = None
         termination: dict[str, Any] = {}
         async for batch in subscription.frames(None):
@@ -243,6 +245,8 @@ class ChatCompletionsConsumer(OpenAIConsumer):
                     parts.append(event["text"])
                 elif event["type"] == "reasoning":
                     thoughts.append(event["text"])
+                elif event["type"] == "tool_call":
+                    calls.add(event)
                 elif event["type"] == "error":
                     error = event["error"]
                 elif event["type"] == "done":
@@ -253,6 +257,12 @@ class ChatCompletionsConsumer(OpenAIConsumer):
             await self.reply(502, error_document(502, "engine_error", message), ids)
             return
         document = completion(
-            completion_id, model, created, "".join(parts), termination, "".join(thoughts)
+            completion_id,
+            model,
+            created,
+            "".join(parts),
+            termination,
+            "".join(thoughts),
+            calls.as_list(),
         )
         await self.reply(200, document, ids)

@@ -83,7 +83,7 @@ class SegmentSerializer(serializers.ModelSerializer):
             "prompt_tokens", "completion_tokens", "reasoning_tokens", "ttft_ms",
             "reasoning_ttft_ms", "duration_ms", "has_unclosed_code_block", "is_valid_json",
             "error_type", "error_message", "error_code", "context_full", "ended_in_reasoning",
-            "started_at", "ended_at",
+            "tool_calls", "started_at", "ended_at",
         ]  # fmt: skip
 
 
@@ -109,6 +109,7 @@ class MessageSerializer(serializers.ModelSerializer):
         model = Message
         fields = [
             "id", "conversation", "parent_id", "siblings", "role", "content", "reasoning",
+            "tool_calls", "tool_call_id",
             "status", "termination", "params", "model", "last_seq", "created_at",
             "updated_at", "segments", "stream",
         ]  # fmt: skip
@@ -188,6 +189,19 @@ def _number_field(spec: params.Number) -> serializers.Field:
 def _param_field(name: str) -> serializers.Field:
     if name in params.NUMBERS:
         return _number_field(params.NUMBERS[name])
+    if name == "tools":
+        return serializers.ListField(
+            child=serializers.DictField(),
+            required=False,
+            max_length=params.MAX_TOOLS,
+            help_text='OpenAI\'s function tools: [{"type": "function", "function": {"name", '
+            '"description", "parameters"}}]',
+        )
+    if name == "tool_choice":
+        return serializers.JSONField(
+            required=False,
+            help_text='"none", "auto", "required" or {"type": "function", "function": {"name"}}',
+        )
     if name == "stop":
         return serializers.ListField(
             child=serializers.CharField(max_length=params.MAX_STOP_CHARS),

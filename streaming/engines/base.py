@@ -15,11 +15,27 @@ from typing import Any, Protocol
 @dataclass(frozen=True, slots=True)
 class ChatTurn:
     """One turn of the conversation. ``reasoning`` is an assistant turn's own reasoning,
-    sent back only where the model must see it: the partial answer a Continue extends."""
+    sent back only where the model must see it: the partial answer a Continue extends.
+    ``tool_calls`` are an assistant turn's calls in OpenAI's shape (``{"id", "type":
+    "function", "function": {"name", "arguments"}}``); ``tool_call_id`` is the call a
+    ``tool`` turn answers."""
 
     role: str
     content: str
     reasoning: str = ""
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    tool_call_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of a tool call as it streams: the first piece of call ``index`` carries its
+    ``id`` and ``name``, later ones fragments of its JSON ``arguments``."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
 
 
 @dataclass(slots=True)
@@ -40,6 +56,9 @@ class EngineRequest:
     stop: list[str] = field(default_factory=list)
     continue_final: bool = False
     simulation: dict[str, Any] = field(default_factory=dict)
+    # OpenAI's ``tools`` and ``tool_choice``, passed on as they are (None: not sent).
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
 
 
 @dataclass(slots=True)
@@ -56,6 +75,8 @@ class EngineChunk:
     token bytes (byte-level BPE) set ``token_bytes`` and leave decoding to the service.
     ``reasoning`` is text of the model's reasoning (its thinking before the answer, split
     off by the engine's reasoning parser): whole characters, shown apart from the answer.
+    ``tool_calls`` are pieces of the tool calls the model makes (the engine's tool-call
+    parser found them); a model that calls tools finishes with ``tool_calls``.
 
     ``tokens`` is how many model tokens this chunk carries (0 for bookkeeping chunks).
     ``finish_reason`` is set on the last chunk only; ``context_full`` on it says that the
@@ -67,6 +88,7 @@ class EngineChunk:
     text: str = ""
     token_bytes: bytes | None = None
     reasoning: str = ""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
     tokens: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None

@@ -31,7 +31,14 @@ from collections.abc import AsyncGenerator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from streaming.engines.base import EngineChunk, EngineError, EngineRequest, ModelInfo, Usage
+from streaming.engines.base import (
+    EngineChunk,
+    EngineError,
+    EngineRequest,
+    ModelInfo,
+    ToolCallDelta,
+    Usage,
+)
 from streaming.storable import UNSTORABLE, is_storable
 
 SEPARATOR = "\n\n"
@@ -148,7 +155,7 @@ _INT_KEYS = {
     "seed": None,
 }
 _TEXT_KEYS = ("text", "reasoning")
-_KNOWN_KEYS = (*_FLOAT_KEYS, *_INT_KEYS, *_TEXT_KEYS)
+_KNOWN_KEYS = (*_FLOAT_KEYS, *_INT_KEYS, *_TEXT_KEYS, "tool_call")
 
 
 class SimulationError(ValueError):
@@ -171,7 +178,9 @@ def validate_simulation(params: dict[str, Any]) -> dict[str, Any]:
     ``error_after_tokens`` / ``stall_after_tokens`` (int >= 0: fail / go silent instead of
     producing that token; no effect if the answer is shorter), ``seed`` (int),
     ``reasoning`` (exact reasoning to stream before the answer) or ``reasoning_length``
-    (int >= 1: that many tokens of canned reasoning). Reasoning tokens count against
+    (int >= 1: that many tokens of canned reasoning), ``tool_call`` (``{"name",
+    "arguments"}``: after the answer's text, none unless ``text`` is given, call this tool
+    and finish with ``tool_calls``). Reasoning and tool-call tokens count against
     ``max_tokens`` and the fault counters like the answer's.
     """
     if not isinstance(params, dict):
@@ -193,6 +202,8 @@ def validate_simulation(params: dict[str, Any]) -> dict[str, Any]:
             if low is not None and value < low:
                 raise SimulationError(key, f"must be >= {low}")
             clean[key] = value
+        elif key == "tool_call":
+            clean[key] = _validate_tool_call(value)
         elif key in _TEXT_KEYS:
             if not isinstance(value, str):
                 raise SimulationError(key, "must be a string")
@@ -203,6 +214,17 @@ def validate_simulation(params: dict[str, Any]) -> dict[str, Any]:
             known = ", ".join(sorted(_KNOWN_KEYS))
             raise SimulationError(key, f"is not a known key (known: {known})")
     return clean
+
+
+def _validate_tool_call(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or set(value) - {"name", "arguments"}:
+        raise ValueError('simulation.tool_call: must be {"name": ..., "arguments": ...}')
+    name, arguments = value.get("name"), value.get("arguments", "{}")
+    if not isinstance(name, str) or not name or not is_storable(name):
+        raise ValueError("simulation.tool_call.name: must be a non-empty string")
+    if not isinstance(arguments, str) or not is_storable(arguments):
+        raise ValueError("simulation.tool_call.arguments: must be a string (of JSON)")
+    return {"name": name, "arguments": arguments}
 
 
 def tokenize(text: str, seed: int = 0) -> list[bytes]:
@@ -245,6 +267,19 @@ def _corpus_from(doc: int, offset: int) -> Iterator[tuple[str, bool]]:
             offset = 0
 
 
+def _tool_call_pieces(call: dict[str, str] | None, key: int) -> list[ToolCallDelta]:
+    """A tool call as a tool-call parser streams it: the id and name, then the JSON
+    arguments a few characters at a time."""
+    if call is None:
+        return []
+    arguments = call["arguments"]
+    pieces = [ToolCallDelta(0, id=f"call_{key:016x}", name=call["name"])]
+    pieces += [
+        ToolCallDelta(0, arguments=arguments[i : i + 6]) for i in range(0, len(arguments), 6)
+    ]
+    return pieces
+
+
 def _reasoning(sim: dict[str, Any], partial: str, partial_reasoning: str) -> str:
     """The reasoning still to produce: none once the answer has begun (a Continue past
     it), else what follows the partial reasoning a Continue was given."""
@@ -272,6 +307,7 @@ class _Script:
 
     tokens: Iterator[bytes]
     reasoning: list[bytes]  # the reasoning's tokens, streamed before ``tokens``
+    tool_call: list[ToolCallDelta]  # its pieces, streamed after ``tokens``
     first_delay: float  # seconds from start to the first token
     gap: float  # seconds between tokens
     jitter: Iterator[float]  # per token, as a fraction of ``gap``
@@ -326,7 +362,9 @@ class SimulatedEngine:
         key = int.from_bytes(digest[:8], "big")
 
         pieces: Iterable[str]
-        if "text" in sim:
+        if "tool_call" in sim and "text" not in sim:
+            pieces = ()  # a model that calls a tool says nothing else
+        elif "text" in sim:
             text = sim["text"]
             if partial and text.startswith(partial):
                 text = text[len(partial) :]
@@ -352,6 +390,7 @@ class SimulatedEngine:
         return _Script(
             tokens=tokens,
             reasoning=reasoning,
+            tool_call=_tool_call_pieces(sim.get("tool_call"), key),
             first_delay=ttft_ms / 1000,
             gap=1 / sim.get("tokens_per_second", self.tokens_per_second),
             jitter=((timing.random() - 0.5) * spread for _ in itertools.count()),
@@ -367,7 +406,9 @@ class SimulatedEngine:
         # Reasoning first, then the answer; the reasoning goes out as text (whole
         # characters), as an engine's reasoning parser hands it over.
         thinking = len(script.reasoning)
-        tokens = itertools.chain(script.reasoning, script.tokens)
+        tokens: Iterator[bytes | ToolCallDelta] = itertools.chain(
+            script.reasoning, script.tokens, script.tool_call
+        )
         thought = codecs.getincrementaldecoder("utf-8")("replace")
         held = 0  # reasoning tokens that ended inside a character, not yet sent
         upcoming = next(tokens, None)
@@ -393,16 +434,29 @@ class SimulatedEngine:
                 upcoming = next(tokens, None)
             if upcoming is None or emitted >= script.max_tokens:
                 finish = "stop" if upcoming is None else "length"
-                last = self._last_chunk(token, finish, script.prompt_tokens, emitted)
+                if finish == "stop" and script.tool_call:
+                    finish = "tool_calls"
+                piece = token if isinstance(token, ToolCallDelta) else None
+                last = self._last_chunk(
+                    None if isinstance(token, ToolCallDelta) else token,
+                    finish,
+                    script.prompt_tokens,
+                    emitted,
+                )
                 assert last.usage is not None
                 last.usage.reasoning_tokens = min(emitted, thinking) if thinking else None
-                if reasoning and token is not None:
+                if piece is not None:
+                    last.tool_calls, last.tokens = (piece,), 1
+                elif reasoning and isinstance(token, bytes):
                     last.token_bytes = None
                     last.reasoning = thought.decode(token, final=True).replace("\ufffd", "")
                     last.tokens += held
                 yield last
                 return
-            if reasoning and token is not None:
+            if isinstance(token, ToolCallDelta):
+                yield EngineChunk(tool_calls=(token,), tokens=1, emitted_at=time.time())
+                continue
+            if reasoning and isinstance(token, bytes):
                 text = thought.decode(token)
                 if not text:
                     held += 1

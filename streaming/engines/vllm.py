@@ -40,6 +40,7 @@ from .base import (
     EngineTimeout,
     EngineUnavailable,
     ModelInfo,
+    ToolCallDelta,
     Usage,
 )
 
@@ -218,6 +219,10 @@ class VLLMEngine:
             body["top_p"] = request.top_p
         if request.seed is not None:
             body["seed"] = request.seed
+        if request.tools:
+            body["tools"] = request.tools
+        if request.tool_choice is not None:
+            body["tool_choice"] = request.tool_choice
         if request.stop:
             body["stop"] = list(request.stop)
         if request.continue_final:
@@ -300,7 +305,33 @@ def _message(turn: ChatTurn) -> dict[str, Any]:
     if turn.reasoning:
         # vLLM hands it to the chat template as `reasoning` and `reasoning_content`.
         message["reasoning"] = turn.reasoning
+    if turn.tool_calls:
+        message["tool_calls"] = list(turn.tool_calls)
+        message["content"] = turn.content or None
+    if turn.tool_call_id:
+        message["tool_call_id"] = turn.tool_call_id
     return message
+
+
+def _tool_calls(raw: Any) -> tuple[ToolCallDelta, ...]:
+    """``delta.tool_calls`` as pieces; anything not shaped like one is left out."""
+    if not isinstance(raw, list):
+        return ()
+    pieces = []
+    for call in raw:
+        if not isinstance(call, dict) or not isinstance(call.get("index"), int):
+            continue
+        raw_function = call.get("function")
+        function: dict[str, Any] = raw_function if isinstance(raw_function, dict) else {}
+        pieces.append(
+            ToolCallDelta(
+                index=call["index"],
+                id=_text(call.get("id")),
+                name=_text(function.get("name")),
+                arguments=_text(function.get("arguments")),
+            )
+        )
+    return tuple(pieces)
 
 
 class _ChunkParser:
@@ -352,33 +383,37 @@ class _ChunkParser:
         text = _text(delta.get("content"))
         # vLLM 0.32 says `reasoning`; earlier releases (and other servers) `reasoning_content`.
         reasoning = _text(delta.get("reasoning")) or _text(delta.get("reasoning_content"))
+        calls = _tool_calls(delta.get("tool_calls"))
         finish_reason = choice.get("finish_reason")
-        tokens = self._tokens_in(delta, text or reasoning, usage)
+        tokens = self._tokens_in(delta, bool(text or reasoning or calls), usage)
         if finish_reason is not None:
             self.final = EngineChunk(
                 text=text,
                 reasoning=reasoning,
+                tool_calls=calls,
                 tokens=tokens + self.pending_tokens,
                 finish_reason=finish_reason,
                 stop_reason=choice.get("stop_reason"),
             )
             self.pending_tokens = 0
             return []
-        if not text and not reasoning:
+        if not text and not reasoning and not calls:
             self.pending_tokens += tokens
             return []
-        chunk = EngineChunk(text=text, reasoning=reasoning, tokens=tokens + self.pending_tokens)
+        chunk = EngineChunk(
+            text=text, reasoning=reasoning, tool_calls=calls, tokens=tokens + self.pending_tokens
+        )
         self.pending_tokens = 0
         self.tokens_yielded += chunk.tokens
         return [chunk]
 
-    def _tokens_in(self, delta: dict[str, Any], text: str, usage: Any) -> int:
+    def _tokens_in(self, delta: dict[str, Any], output: bool, usage: Any) -> int:
         """Tokens this chunk carries: exact with continuous usage stats, else an estimate."""
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             previous = self.last_usage_tokens or 0
             self.last_usage_tokens = usage["completion_tokens"]
             return max(0, usage["completion_tokens"] - previous)
-        if "role" in delta and not text:
+        if "role" in delta and not output:
             return 0  # the role chunk precedes the first token's own chunk
         return 1
 

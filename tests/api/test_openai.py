@@ -199,6 +199,18 @@ def test_errors_are_openai_shaped_and_name_the_field(daphne, account):
         ({"messages": [{"role": "user", "content": image}]}, "messages[0].content[0]"),
         ({"messages": reply_last}, "messages[1].role"),
         ({"messages": []}, "messages"),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+        ({"tool_choice": "always"}, "tool_choice"),
+        ({"messages": [{"role": "tool", "content": "21 C"}]}, "messages[0].tool_call_id"),
+        (
+            {
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{"id": "c"}]},
+                    {"role": "user", "content": "x"},
+                ]
+            },
+            "messages[0].tool_calls[0].function.name",
+        ),
     ]
     for overrides, param in cases:
         arguments = {"model": "simulated", "messages": [{"role": "user", "content": "hi"}]}
@@ -284,3 +296,36 @@ def test_emulator_engine_streams_emoji_intact(daphne, account, emulator):
     )
     assert answer.choices[0].message.content == EMOJI_TEXT
     assert answer.usage.completion_tokens > 0
+
+
+def test_a_tool_loop_on_the_simulated_engine(daphne, account):
+    server = daphne()
+    ai = sdk(server, account.token)
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
+    arguments = '{"zone": "Asia/Tokyo"}'
+    raw = ai.chat.completions.with_raw_response.create(
+        model="simulated",
+        messages=[{"role": "user", "content": "What time is it in Tokyo?"}],
+        tools=[tool],
+        tool_choice="auto",
+        extra_body={"simulation": {"tool_call": {"name": "get_time", "arguments": arguments}}},
+    )
+    first = raw.parse()
+    [call] = first.choices[0].message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_time", arguments)
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert first.choices[0].message.content is None
+
+    conversation = raw.headers["x-conversation-id"]
+    ai.chat.completions.create(
+        model="simulated",
+        messages=[{"role": "tool", "tool_call_id": call.id, "content": "09:00"}],
+        extra_body={"simulation": {"text": "It is nine in Tokyo.", **FAST}},
+        extra_headers={"X-Conversation-Id": conversation},
+    )
+    with client(server, account.token) as api:
+        stored = api.get(f"/api/conversations/{conversation}/messages/").json()["results"]
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
+    assert stored[1]["tool_calls"][0]["id"] == call.id
+    assert (stored[2]["tool_call_id"], stored[2]["content"]) == (call.id, "09:00")
+    assert stored[3]["content"] == "It is nine in Tokyo."

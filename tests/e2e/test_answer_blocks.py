@@ -45,3 +45,25 @@ def test_an_answer_without_reasoning_shows_no_thinking_block(open_chat):
     answer = chat.ask("plain", text="Just text.", tokens_per_second=200)
     expect(answer).to_have_attribute("data-status", "complete")
     expect(answer.locator("details.thinking")).to_be_hidden()
+
+
+def test_a_tool_call_is_a_labelled_block_that_is_not_run(open_chat):
+    chat = open_chat()
+    arguments = '{"city": "<b>Paris</b>"}'
+    answer = chat.ask(
+        "weather?", tool_call={"name": "get_weather", "arguments": arguments}, tokens_per_second=50
+    )
+    expect(answer).to_have_attribute("data-status", "complete")
+    block = answer.locator(".tool-call")
+    expect(block).to_have_count(1)
+    expect(block).to_have_attribute("aria-label", "Tool call")
+    expect(block.locator(".tool-call-name")).to_have_text("get_weather")
+    expect(block.locator(".tool-call-arguments")).to_contain_text('"city": "<b>Paris</b>"')
+    expect(block.locator("b")).to_have_count(0)
+    expect(answer.locator(".cut-off")).to_be_hidden()  # calling a tool is a natural end
+    assert chat.server_message(answer)["termination"]["finish_reason"] == "tool_calls"
+    chat.page.reload()
+    chat.wait_ready()
+    again = chat.page.locator("article.message.assistant").last
+    expect(again.locator(".tool-call-name")).to_have_text("get_weather")
+    assert chat.errors == []

@@ -617,3 +617,38 @@ async def test_a_continue_sends_the_partial_answers_reasoning(
     body = (await record_of(emulator, request.request_id))["body"]
     assert body["messages"][-1] == {"role": "assistant", "content": "", "reasoning": "Let me think"}
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_a_real_tool_call_streams_its_name_then_its_arguments() -> None:
+    chunks, final = replay("vllm-0.32-tool-call.txt", context=2048)
+
+    pieces = [piece for chunk in [*chunks, final] for piece in chunk.tool_calls]
+    assert pieces[0].name == "get_weather" and pieces[0].id.startswith("chatcmpl-tool-")
+    assert "".join(p.arguments for p in pieces) == '{"city":"Paris"}'
+    assert {p.index for p in pieces} == {0}
+    assert final.finish_reason == "tool_calls"
+    assert "".join(c.text for c in chunks) + final.text == ""
+
+
+async def test_tools_tool_calls_and_tool_results_are_sent(
+    engine: VLLMEngine, emulator: str
+) -> None:
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    request = make_request(
+        messages=[
+            ChatTurn("user", f"Weather? [[emu {json.dumps(FAST)}]]"),
+            ChatTurn("assistant", "", tool_calls=(call,)),
+            ChatTurn("tool", '{"sky":"sunny"}', tool_call_id="c1"),
+        ],
+        tools=[tool],
+        tool_choice="auto",
+    )
+    await collect(engine, request)
+
+    body = (await record_of(emulator, request.request_id))["body"]
+    assert (body["tools"], body["tool_choice"]) == ([tool], "auto")
+    assert body["messages"][1:] == [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": '{"sky":"sunny"}', "tool_call_id": "c1"},
+    ]

@@ -42,3 +42,28 @@ def test_merge_keeps_reasoning_and_answer_apart():
         {"seq": 5, "type": "delta", "text": "Four."},
         {"seq": 6, "type": "reasoning", "text": "Hm."},
     ]
+
+
+def test_merge_joins_the_pieces_of_one_tool_call():
+    batch = [
+        events.tool_call(2, index=0, id="call_1", name="get_weather", arguments=""),
+        events.tool_call(3, index=0, arguments='{"city":'),
+        events.tool_call(4, index=0, arguments='"Paris"}'),
+        events.tool_call(5, index=1, id="call_2", name="get_time", arguments="{}"),
+    ]
+    merged = events.merge(batch)
+    assert merged == [
+        events.tool_call(4, index=0, id="call_1", name="get_weather", arguments='{"city":"Paris"}'),
+        events.tool_call(5, index=1, id="call_2", name="get_time", arguments="{}"),
+    ]
+    calls = events.ToolCalls()
+    for event in batch:
+        calls.add(event)
+    assert calls.as_list() == [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+        },
+        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+    ]

@@ -24,6 +24,7 @@ from streaming.engines.base import (
     EngineError,
     EngineRequest,
     EngineTimeout,
+    ToolCallDelta,
     Usage,
 )
 from streaming.generation import Backends, Generation
@@ -251,6 +252,40 @@ async def test_reasoning_is_progress_for_the_stall_timeout(answer: Answer) -> No
         done = (await finish(run))[-1]
     assert done["status"] == Status.COMPLETE
     assert done["reasoning_tokens"] is None  # the engine did not say
+
+
+async def test_tool_calls_are_streamed_and_persisted(answer: Answer) -> None:
+    run = await launch(
+        answer,
+        [
+            EngineChunk(tool_calls=(ToolCallDelta(0, id="call_1", name="get_weather"),), tokens=1),
+            EngineChunk(tool_calls=(ToolCallDelta(0, arguments='{"city":'),), tokens=1),
+            EngineChunk(
+                tool_calls=(ToolCallDelta(0, arguments='"Paris"}'),),
+                tokens=1,
+                finish_reason="tool_calls",
+            ),
+        ],
+    )
+    logged = await finish(run)
+    calls = [e for e in logged if e["type"] == "tool_call"]
+    assert [(e["id"], e["name"], e["arguments"]) for e in calls] == [
+        ("call_1", "get_weather", ""),
+        ("", "", '{"city":'),
+        ("", "", '"Paris"}'),
+    ]
+    done = logged[-1]
+    assert (done["status"], done["finish_reason"]) == (Status.COMPLETE, "tool_calls")
+    whole = [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+        }
+    ]
+    assert (await load_message(answer.message_id)).tool_calls == whole
+    [segment] = await load_segments(answer.message_id)
+    assert segment.tool_calls == whole
 
 
 async def test_a_stop_string_split_over_chunks_is_never_shown(answer: Answer) -> None:

@@ -21,6 +21,21 @@ from streaming.params import ParamError, validate_params
         ({"stop": 5}, "params.stop"),
         ({"seed": 1.5}, "params.seed"),
         ({"seed": 2**63}, "params.seed"),  # vLLM takes an int64
+        ({"tools": {"type": "function"}}, "params.tools"),
+        ({"tools": [{"type": "retrieval"}]}, "params.tools[0].type"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "no spaces"}}]},
+            "params.tools[0].function.name",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+            "params.tools[0].function.parameters",
+        ),
+        ({"tool_choice": "always"}, "params.tool_choice"),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "unknown"}}},
+            "params.tool_choice",
+        ),
         ({"bogus": 1}, "params.bogus"),
         ({"simulation": {"nope": 1}}, "params.simulation.nope"),
         ({"simulation": []}, "params.simulation"),
@@ -47,3 +62,12 @@ def test_valid_params_are_cleaned():
     assert clean["stop"] == ["END"]
     assert clean["max_tokens"] == 5
     assert clean["simulation"]["length"] == 3
+
+
+def test_tools_and_tool_choice_pass_as_openai_wrote_them():
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    clean = validate_params({"tools": [tool], "tool_choice": named}, accepts_simulation=False)
+    assert clean == {"tools": [tool], "tool_choice": named}
+    auto = validate_params({"tools": [tool], "tool_choice": "auto"}, accepts_simulation=False)
+    assert auto["tool_choice"] == "auto"

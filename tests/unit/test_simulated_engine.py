@@ -243,6 +243,8 @@ async def test_models_and_health() -> None:
         ({"text": 3}, "text"),
         ({"reasoning": ["x"]}, "reasoning"),
         ({"reasoning_length": 0}, "reasoning_length"),
+        ({"tool_call": {"name": ""}}, "tool_call.name"),
+        ({"tool_call": {"name": "f", "arguments": {}}}, "tool_call.arguments"),
         ({"error_after_tokens": -1}, "error_after_tokens"),
         ({"stall_after_tokens": "2"}, "stall_after_tokens"),
         ({"seed": None}, "seed"),
@@ -296,3 +298,16 @@ async def test_a_continue_goes_on_with_the_reasoning_or_the_answer() -> None:
     answered = await collect(mid_answer)
     assert "".join(c.reasoning for c in answered) == ""
     assert text_of(answered) == " answer."
+
+
+async def test_a_tool_call_streams_its_name_then_its_arguments() -> None:
+    arguments = '{"city": "Paris", "unit": "C"}'
+    chunks = await collect(
+        make_request(simulation={"tool_call": {"name": "get_weather", "arguments": arguments}})
+    )
+    pieces = [piece for chunk in chunks for piece in chunk.tool_calls]
+    assert pieces[0].name == "get_weather" and pieces[0].id.startswith("call_")
+    assert "".join(p.arguments for p in pieces) == arguments
+    assert len(pieces) > 2
+    assert tokens_of(chunks) == []
+    assert chunks[-1].finish_reason == "tool_calls"

@@ -272,7 +272,7 @@ async function openConversation(id) {
       node = followed.bubble.node;
     } else if (message.status === "streaming") {
       // Replay the whole log: the persisted content may lag behind the stream.
-      const bubble = assistantBubble({ ...message, content: "", reasoning: "" });
+      const bubble = assistantBubble({ ...message, content: "", reasoning: "", tool_calls: [] });
       node = bubble.node;
       follow(bubble, id, 0, null);
     } else {
@@ -474,7 +474,7 @@ async function send() {
         drafts.open(conversationId);
         history.pushState(null, "", `#/c/${conversationId}`);
       }
-      const bubble = assistantBubble({ ...exchange.message, content: "", reasoning: "" });
+      const bubble = assistantBubble({ ...exchange.message, content: "", reasoning: "", tool_calls: [] });
       for (const empty of log.querySelectorAll(".empty-state")) empty.remove();
       const question = userBubble(exchange.user_message);
       decorate(question, exchange.user_message, branchActions);
@@ -485,7 +485,7 @@ async function send() {
     } else if (connection) {
       // Sent from a conversation no longer shown: followed like any answer, so it is not
       // abandoned (the stream goes on as long as someone reads it).
-      const bubble = assistantBubble({ ...exchange.message, content: "", reasoning: "" });
+      const bubble = assistantBubble({ ...exchange.message, content: "", reasoning: "", tool_calls: [] });
       follow(bubble, conversationId, 0, null, connection);
     }
     conversationChanged(conversationId);

@@ -6,6 +6,7 @@ import { el } from "./dom.js";
 import { copyWithFeedback, MarkdownView } from "./markdown.js";
 import { canContinue, cutOffReason } from "./termination.js";
 import { ThinkingBlock } from "./thinking.js";
+import { ToolCallsBlock } from "./toolcalls.js";
 
 const TIME = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
 const FULL_TIME = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "medium" });
@@ -37,11 +38,17 @@ function actionBar(label, copyLabel, text, slots, createdAt) {
  * so an Arabic line after a Japanese one is laid out right to left. */
 export function userBubble(message) {
   const lines = message.content.split("\n").map((line) => el("p", { class: "plain", dir: "auto" }, line));
+  // A tool's result (from an app running a tool loop through /v1) is input too, not yours.
+  const tool = message.role === "tool";
   return el(
     "article",
-    { class: "message user", "data-message-id": message.id, "aria-label": "You said" },
-    el("div", { class: "bubble" }, lines),
-    actionBar("Message actions", "Copy the message", () => message.content, ["edit"], message.created_at),
+    {
+      class: tool ? "message user tool-result" : "message user",
+      "data-message-id": message.id,
+      "aria-label": tool ? "Tool result" : "You said",
+    },
+    el("div", { class: "bubble" }, tool ? el("p", { class: "tool-call-head" }, "Tool result") : null, lines),
+    actionBar("Message actions", "Copy the message", () => message.content, tool ? [] : ["edit"], message.created_at),
   );
 }
 
@@ -67,6 +74,7 @@ export class AssistantBubble {
     this.status = message.status;
     this.thinking = new ThinkingBlock(message.reasoning, message.termination);
     this.content = el("div", { class: "content", dir: "auto" });
+    this.tools = new ToolCallsBlock(message.tool_calls);
     this.markdown = new MarkdownView(this.content);
     this.state = el("p", { class: "stream-state", role: "status" });
     this.reason = el("span", { class: "cut-off-reason" });
@@ -89,7 +97,7 @@ export class AssistantBubble {
     this.node = el(
       "article",
       { class: "message assistant", "data-message-id": this.id, "aria-label": "Answer" },
-      el("div", { class: "bubble" }, this.thinking.node, this.content),
+      el("div", { class: "bubble" }, this.thinking.node, this.content, this.tools.node),
       el("div", { class: "message-foot" }, this.state, this.cutOff),
       this.actionBar,
     );
@@ -166,6 +174,9 @@ export class AssistantBubble {
       this.scheduleRender();
     } else if (event.type === "reasoning") {
       this.thinking.append(event.text);
+    } else if (event.type === "tool_call") {
+      this.thinking.settle();
+      this.tools.add(event);
     } else if (event.type === "error") {
       this.error = `Error: ${event.error ? event.error.message : "unknown"}`;
       this.showState();
@@ -182,6 +193,7 @@ export class AssistantBubble {
   /** The REST record of a message that ended while we were not connected. */
   settled(message) {
     this.thinking.replace(message.reasoning, message.termination);
+    this.tools.replace(message.tool_calls);
     this.text = message.content;
     this.render();
     this.showEnd(message.termination);

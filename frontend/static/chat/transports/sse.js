@@ -4,7 +4,7 @@
 // failures; the stream closes it on the first error and reopens from its own cursor, so
 // both transports recover the same way.
 
-const TYPES = ["start", "delta", "reasoning", "done"];
+const TYPES = ["start", "delta", "reasoning", "tool_call", "done"];
 
 export function openSse(messageId, after, sink) {
   const source = new EventSource(`/api/messages/${encodeURIComponent(messageId)}/stream/?after=${after}`, {

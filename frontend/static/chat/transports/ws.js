@@ -4,7 +4,7 @@
 // been silent for several server heartbeats counts as lost: every subscription is told,
 // and each stream resubscribes from its own cursor when it retries.
 
-const STREAM_TYPES = new Set(["start", "delta", "reasoning", "error", "done"]);
+const STREAM_TYPES = new Set(["start", "delta", "reasoning", "tool_call", "error", "done"]);
 
 class ChatSocket {
   constructor() {
