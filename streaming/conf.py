@@ -14,6 +14,7 @@ lists every key; a test checks that it lists exactly these, with these defaults.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -88,6 +89,7 @@ SERVICE_VARIABLES = (
     "ENGINE_MODEL",
     "ENGINE_API_KEY",
     "ENGINE_CONNECT_TIMEOUT",
+    "ENGINE_MODELS",
 )
 
 
@@ -141,19 +143,38 @@ def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         }
     engine_url = env.get("ENGINE_URL", "")
     if engine_url:
-        engine: dict[str, Any] = {
-            "BACKEND": "streaming.engines.vllm.VLLMEngine",
-            "LOCATION": engine_url,
-            "MODEL": env.get("ENGINE_MODEL", ""),
-            # The engine's read timeout is the stall timeout.
-            "READ_TIMEOUT": config.get("STALL_TIMEOUT", DEFAULTS["STALL_TIMEOUT"]),
-        }
-        if env.get("ENGINE_API_KEY"):
-            engine["API_KEY"] = env["ENGINE_API_KEY"]
-        if env.get("ENGINE_CONNECT_TIMEOUT", "").strip():
-            engine["CONNECT_TIMEOUT"] = float(env["ENGINE_CONNECT_TIMEOUT"])
-        config["ENGINES"] = {"default": engine}
+        config["ENGINES"] = {"default": _vllm(env, config, engine_url, env.get("ENGINE_MODEL", ""))}
+    more = env.get("ENGINE_MODELS", "").strip()
+    if more:
+        # {"model name": "http://server", ...}: more models, each on its own server.
+        try:
+            servers = json.loads(more)
+        except ValueError:
+            servers = None
+        if not isinstance(servers, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in servers.items()
+        ):
+            raise ValueError('ENGINE_MODELS: expected {"model name": "http://server", ...}')
+        engines = dict(config.get("ENGINES") or DEFAULTS["ENGINES"])
+        for model, url in servers.items():
+            engines[f"model:{model}"] = _vllm(env, config, url, model)
+        config["ENGINES"] = engines
     return config
+
+
+def _vllm(env: Mapping[str, str], config: dict[str, Any], url: str, model: str) -> dict[str, Any]:
+    engine: dict[str, Any] = {
+        "BACKEND": "streaming.engines.vllm.VLLMEngine",
+        "LOCATION": url,
+        "MODEL": model,
+        # The engine's read timeout is the stall timeout.
+        "READ_TIMEOUT": config.get("STALL_TIMEOUT", DEFAULTS["STALL_TIMEOUT"]),
+    }
+    if env.get("ENGINE_API_KEY"):
+        engine["API_KEY"] = env["ENGINE_API_KEY"]
+    if env.get("ENGINE_CONNECT_TIMEOUT", "").strip():
+        engine["CONNECT_TIMEOUT"] = float(env["ENGINE_CONNECT_TIMEOUT"])
+    return engine
 
 
 class StreamingSettings:

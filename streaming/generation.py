@@ -36,6 +36,7 @@ from streaming.engines.base import (
     EngineRequest,
     ToolCallDelta,
 )
+from streaming.engines.catalog import Catalog
 from streaming.hub import Hub
 from streaming.logcontext import stream_context
 from streaming.persistence import Partial, finalize_segment
@@ -77,12 +78,18 @@ class SegmentPlan:
 
 @dataclass(frozen=True, slots=True)
 class Backends:
-    """What a generation writes to and reads from, built once per process by the runtime."""
+    """What a generation writes to and reads from, built once per process by the runtime.
+
+    ``engine`` answers every model unless a ``catalog`` says which engine serves which."""
 
     log: StreamLog
     hub: Hub
     presence: Presence
     engine: Engine
+    catalog: Catalog | None = None
+
+    def engine_for(self, model: str) -> Engine:
+        return self.engine if self.catalog is None else self.catalog.engine_for(model)
 
 
 class Generation:
@@ -241,7 +248,7 @@ class Generation:
     async def _generate(self) -> Termination:
         plan = self.plan
         request = plan.request
-        engine = self.backends.engine
+        engine = self.backends.engine_for(request.model)
         detok = Detokenizer()
         stops = StopFilter(request.stop)
         termination = Termination(status=Status.COMPLETE.value)

@@ -33,6 +33,8 @@ async def chat(request: HttpRequest) -> HttpResponse:
         # settings offer the simulator's knobs (Developer) only when they are accepted.
         "model": selectors.engine_model(),
         "simulation": selectors.accepts_simulation(),
+        # The model picker: every model an engine serves, the default one first.
+        "models": [model.id for model in await selectors.engine_models()],
         "maxTokensCap": settings.MAX_TOKENS_CAP,
         "defaultMaxTokens": settings.DEFAULT_MAX_TOKENS,
         # "No tokens for N seconds" names the server's stall timeout.

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from streaming.conf import streaming_settings
 from streaming.control import build_control
 from streaming.engines import build_engines
+from streaming.engines.catalog import Catalog
 from streaming.feed import Feed
 from streaming.generation import Backends, Generation, SegmentPlan
 from streaming.hub import Hub
@@ -44,11 +45,12 @@ class Runtime:
         self.hub = Hub(self.log, streaming_settings.HUB_MAX_EVENTS)
         self.engines = build_engines()
         self.engine = self.engines["default"]
+        self.catalog = Catalog(self.engines)
         self.control = build_control()
         self.generations = Generations(self.control)
         self.feed = Feed(self.control)
         self.presence = build_presence(self.worker_id, self.generations)
-        self.backends = Backends(self.log, self.hub, self.presence, self.engine)
+        self.backends = Backends(self.log, self.hub, self.presence, self.engine, self.catalog)
         self.reaper = Reaper(self.log, self.hub, self.presence)
         self.lifecycle = Lifecycle(
             self.generations, self.presence, self.control, self.reaper, self._on_control

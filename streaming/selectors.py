@@ -15,7 +15,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from streaming import database
 from streaming.auth import resolve_user
 from streaming.branches import Tree, tree_of
-from streaming.engines.base import EngineError, ModelInfo
+from streaming.engines.base import ModelInfo
 from streaming.errors import NotFound
 from streaming.feed import Listener
 from streaming.models import Conversation, Message
@@ -154,26 +154,20 @@ def engine_model() -> str:
     return get_runtime().engine.model
 
 
-def accepts_simulation() -> bool:
-    """Whether the engine takes ``params.simulation`` (the simulated engine does)."""
-    return get_runtime().engine.accepts_simulation
+def accepts_simulation(model: str = "") -> bool:
+    """Whether the engine of ``model`` takes ``params.simulation`` (the simulated one does)."""
+    return get_runtime().catalog.engine_for(model).accepts_simulation
 
 
 async def engine_models() -> list[ModelInfo]:
-    """The models the engine serves (raises ``EngineError`` when it cannot say)."""
-    return await get_runtime().engine.models()
+    """The models every engine serves, the default engine's first (none of a server that
+    cannot be reached now, but what an engine is configured with)."""
+    return [served.info for served in await get_runtime().catalog.served()]
 
 
 async def served_models() -> set[str]:
-    """The model names a request may ask for: the configured one, else what the engine
-    lists (empty when it cannot be reached)."""
-    engine = get_runtime().engine
-    if engine.model:
-        return {engine.model}
-    try:
-        return {m.id for m in await engine.models()}
-    except EngineError:
-        return set()
+    """The model names a request may ask for."""
+    return {served.info.id for served in await get_runtime().catalog.served()}
 
 
 async def engine_healthy() -> bool:

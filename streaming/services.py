@@ -160,15 +160,17 @@ def create_conversation(
         title=title,
         title_source=Conversation.TitleSource.USER if title else Conversation.TitleSource.NONE,
         system_prompt=system_prompt,
-        model=model,
+        model=check_model(model),
     )
     _notify(user.pk, "conversation.created", conversation=str(conversation.id), title=title)
     return conversation
 
 
 def update_conversation(user: Any, conversation: Conversation, changes: dict[str, Any]) -> None:
-    """Save changed fields (``title``, ``system_prompt``) of one of the user's
-    conversations, as validated by the caller."""
+    """Save changed fields (``title``, ``system_prompt``, ``model``) of one of the user's
+    conversations, as validated by the caller (``model`` is checked here)."""
+    if "model" in changes:
+        changes = {**changes, "model": check_model(changes["model"])}
     for name, value in changes.items():
         setattr(conversation, name, value)
     fields = [*changes, "updated_at"]
@@ -194,14 +196,15 @@ def _start_answer(
     grace: float | None,
 ) -> tuple[Message, SegmentPlan]:
     """The streaming answer to ``question`` (its child), made the conversation's current
-    leaf; its prompt is the path down to ``question``. Inside the caller's transaction."""
+    leaf; its prompt is the path down to ``question``; ``model`` answers it. Inside the
+    caller's transaction."""
     assistant = Message.objects.create(
         conversation=conversation,
         parent=question,
         role=Message.Role.ASSISTANT,
         status=Status.STREAMING,
         params=params,
-        model=conversation.model or model,
+        model=model,
     )
     segment = Segment.objects.create(message=assistant, index=0, first_seq=1, worker=WORKER_ID)
     # The answer describes the message as created: no second read for it.
@@ -250,12 +253,16 @@ def _create_exchange(
     user: Any,
     conversation_id: Any,
     content: str,
-    params: dict[str, Any],
+    raw_params: Any,
     model: str,
     prior: list[ChatTurn],
     grace: float | None,
     asked: ChatTurn,
+    default_model: str,
 ) -> tuple[Message, Message, SegmentPlan, dict[str, list[str]]]:
+    """``raw_params`` were checked for ``model``'s engine (the default one for ""); they
+    are checked again for the engine that answers (the conversation's model may be
+    another engine's)."""
     with transaction.atomic():
         if conversation_id is None:
             # A new conversation, made with its messages or not at all; the owner's row is
@@ -267,6 +274,8 @@ def _create_exchange(
         else:
             conversation = conversation_for(user, conversation_id, lock=True)
         _check_capacity(user)
+        model = model or conversation.model or default_model
+        params = clean_params(raw_params, model)
         # After the branch shown; the conversation's lock orders concurrent posts.
         parent_id = conversation.current_leaf_id
         for turn in prior:
@@ -311,11 +320,31 @@ def _validate_content(content: Any) -> str:
     return content
 
 
-def clean_params(raw: Any) -> dict[str, Any]:
+def clean_params(raw: Any, model: str = "") -> dict[str, Any]:
+    """``raw`` validated for the engine that serves ``model``."""
+    engine = get_runtime().catalog.engine_for(model)
     try:
-        return validate_params(raw, accepts_simulation=get_runtime().engine.accepts_simulation)
+        return validate_params(raw, accepts_simulation=engine.accepts_simulation)
     except ParamError as exc:
         raise InvalidParams(exc.message, field=exc.field) from None
+
+
+def check_model(model: Any, field: str = "model") -> str:
+    """``model`` if an engine serves it ("" chooses the default); ``InvalidParams``
+    naming ``field`` otherwise. Asks the servers' model lists only when the configured
+    names cannot tell (from a thread that is not the runtime's loop)."""
+    if model is None or model == "":
+        return ""
+    if not isinstance(model, str) or len(model) > 200 or not is_storable(model):
+        raise InvalidParams("must be a model name", field=field)
+    runtime = get_runtime()
+    known = runtime.catalog.known(model)
+    if known is None:
+        served = runtime.call(runtime.catalog.served())
+        known = any(entry.info.id == model for entry in served)
+    if not known:
+        raise InvalidParams(f"no engine serves the model `{model}`", field=field)
+    return model
 
 
 def _accepting() -> None:
@@ -332,6 +361,7 @@ def create_exchange(
     prior: list[ChatTurn] | None = None,
     abandon_grace: float | None = None,
     tool_call_id: str = "",
+    model: str = "",
 ) -> Exchange:
     """Create the user message and the streaming assistant message, and start the answer.
 
@@ -339,7 +369,8 @@ def create_exchange(
     (a refused request leaves nothing behind). ``prior``: earlier turns to store first
     (the OpenAI endpoint's history), at most ``MAX_PRIOR_MESSAGES``. ``tool_call_id``:
     ``content`` is not the user's but a tool's result, for that call of the model's (the
-    turn of a tool loop that hands the result back).
+    turn of a tool loop that hands the result back). ``model``: the model that answers
+    (checked; by default the conversation's, else the default engine's).
 
     Synchronous, for the thread that already holds a database connection (a REST
     request's): the rows are written here and only the start hops onto the runtime's
@@ -349,7 +380,8 @@ def create_exchange(
     _accepting()
     runtime = get_runtime()
     content = _validate_content(content)
-    params = clean_params(raw_params)
+    model = check_model(model)
+    clean_params(raw_params, model)  # a bad parameter is reported before a bad id
     if prior and len(prior) > settings.MAX_PRIOR_MESSAGES:
         raise InvalidParams(
             f"at most {settings.MAX_PRIOR_MESSAGES} earlier messages per request",
@@ -360,11 +392,12 @@ def create_exchange(
         user,
         conversation_id,
         content,
-        params,
-        runtime.engine.model,
+        raw_params,
+        model,
         prior or [],
         abandon_grace,
         ChatTurn(role, content, tool_call_id=tool_call_id),
+        runtime.engine.model,
     )
     return Exchange(user_message, assistant, runtime.launch_threadsafe(plan), siblings)
 
@@ -378,6 +411,7 @@ async def post_message(
     prior: list[ChatTurn] | None = None,
     abandon_grace: float | None = None,
     tool_call_id: str = "",
+    model: str = "",
 ) -> Exchange:
     """``create_exchange`` for async callers: one trip to a database thread."""
     return await database.run(
@@ -389,6 +423,7 @@ async def post_message(
         prior=prior,
         abandon_grace=abandon_grace,
         tool_call_id=tool_call_id,
+        model=model,
     )
 
 
@@ -483,13 +518,13 @@ def _create_regeneration(
         if old.parent_id is None:
             raise Conflict("this answer follows no message, so there is nothing to answer again")
         _refuse_streaming_branch(old, "regenerate it")
-        params = old.params if raw_params is None else clean_params(raw_params)
-        _check_capacity(user)
         conversation = old.conversation
+        # The model that gave the old answer gives the new one.
+        model = old.model or conversation.model or get_runtime().engine.model
+        params = old.params if raw_params is None else clean_params(raw_params, model)
+        _check_capacity(user)
         question = Message.objects.get(id=old.parent_id)
-        assistant, plan = _start_answer(
-            user, conversation, question, params, get_runtime().engine.model, None
-        )
+        assistant, plan = _start_answer(user, conversation, question, params, model, None)
         _notify_created(user.pk, None, assistant)
         siblings = {str(assistant.id): sibling_ids(conversation.id, question.id)}
     return assistant, plan, siblings
@@ -515,9 +550,8 @@ def _create_edit(
         _check_capacity(user)
         conversation = old.conversation
         question = _ask(conversation, old.parent_id, content)
-        assistant, plan = _start_answer(
-            user, conversation, question, params, get_runtime().engine.model, None
-        )
+        model = conversation.model or get_runtime().engine.model
+        assistant, plan = _start_answer(user, conversation, question, params, model, None)
         _notify_created(user.pk, question, assistant)
         siblings = {
             str(question.id): sibling_ids(conversation.id, old.parent_id),

@@ -1,4 +1,4 @@
-"""Titles for conversations, written by the conversation's engine after its first answer.
+"""Titles for conversations, written by the engine that gave the first answer, after it.
 
 A conversation starts titled with its first question's first line (``title_source``
 "question"). When that first answer completes, one small extra request (``TITLE_MAX_TOKENS``,
@@ -52,14 +52,14 @@ def clean(text: str) -> str:
     return line[:MAX_TITLE_CHARS].strip()
 
 
-def _first_exchange(message_id: str) -> tuple[Conversation, str, str] | None:
+def _first_exchange(message_id: str) -> tuple[Conversation, str, Message] | None:
     """The conversation, question and answer if this answer can title its conversation."""
     answer = Message.objects.select_related("conversation").get(id=message_id)
     conversation = answer.conversation
     if conversation.title_source not in PLACEHOLDERS or answer.parent_id is None:
         return None
     question = Message.objects.filter(id=answer.parent_id).values_list("content", flat=True)
-    return conversation, question.first() or "", answer.content
+    return conversation, question.first() or "", answer
 
 
 def _save(conversation_id: str, title: str) -> bool:
@@ -70,15 +70,15 @@ def _save(conversation_id: str, title: str) -> bool:
     return bool(updated)
 
 
-async def _ask(engine: Engine, conversation: Conversation, question: str, answer: str) -> str:
+async def _ask(engine: Engine, conversation: Conversation, question: str, answer: Message) -> str:
     prompt = (
         f"{INSTRUCTION}\n\nQuestion:\n{question[:EXCERPT_CHARS]}\n\n"
-        f"Answer:\n{answer[:EXCERPT_CHARS]}"
+        f"Answer:\n{answer.content[:EXCERPT_CHARS]}"
     )
     request = EngineRequest(
         messages=[ChatTurn("user", prompt)],
         request_id=f"title-{conversation.id}",
-        model=conversation.model or engine.model,
+        model=answer.model or conversation.model or engine.model,
         max_tokens=streaming_settings.TITLE_MAX_TOKENS,
         temperature=0.2,
     )
@@ -96,15 +96,17 @@ async def _ask(engine: Engine, conversation: Conversation, question: str, answer
 
 async def title_conversation(message_id: str, engine: Engine | None = None) -> None:
     """Title the conversation of ``message_id``, a first answer that completed, if it
-    still has a placeholder title (``engine``: the runtime's by default). Never raises: a
-    title is a nicety."""
-    engine = engine or get_runtime().engine
+    still has a placeholder title (``engine``: by default the one that gave the answer).
+    Never raises: a title is a nicety."""
     try:
         found = await database.run(_first_exchange, message_id)
         if found is None:
             return
         conversation, question, answer = found
-        title = clean(await _ask(engine, conversation, question, answer))
+        asked = engine or get_runtime().catalog.engine_for(answer.model)
+        if engine is None and not wanted(asked):
+            return
+        title = clean(await _ask(asked, conversation, question, answer))
         if not title or not await database.run(_save, str(conversation.id), title):
             return
         get_runtime().notify(
@@ -121,6 +123,8 @@ def on_answer_completed(
     """``signals.answer_ended``'s receiver: title in the background after a first
     answer completed, so the generation's end waits for nothing."""
     runtime = get_runtime()
-    if status != "complete" or segment_index != 0 or not wanted(runtime.engine):
+    if status != "complete" or segment_index != 0:
         return
+    if not any(wanted(engine) for engine in runtime.engines.values()):
+        return  # no engine writes titles (the simulated one alone): nothing to look up
     runtime.lifecycle.spawn(title_conversation(message_id), "title")

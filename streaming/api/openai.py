@@ -35,7 +35,6 @@ from streaming.api.completions import (
 from streaming.api.parsers import InvalidBody, body_limit, decode_json_body, too_large_detail
 from streaming.auth import authenticate, header
 from streaming.conf import streaming_settings
-from streaming.engines.base import EngineError
 from streaming.errors import ServiceError, headers_of
 from streaming.logcontext import stream_context
 from streaming.reading import MessageState, SlowConsumer, Subscription
@@ -116,15 +115,15 @@ class OpenAIConsumer(TaskedHttpConsumer):
 
 
 class ModelsConsumer(OpenAIConsumer):
-    """``GET /v1/models``: the models the engine serves; ``GET /v1/models/<id>``: one of
-    them as OpenAI's model object (``client.models.retrieve``), or a 404 naming ``model``.
-    Model ids may contain slashes (``org/name``): the route takes the rest of the path."""
+    """``GET /v1/models``: every model of every engine, the default one first; ``GET
+    /v1/models/<id>``: one of them as OpenAI's model object (``client.models.retrieve``),
+    or a 404 naming ``model``. Model ids may contain slashes (``org/name``): the route
+    takes the rest of the path."""
 
     async def respond(self, user: Any, body: bytes) -> None:
-        try:
-            models = await selectors.engine_models()
-        except EngineError as exc:
-            await self.error(502, "engine_unavailable", exc.message)
+        models = await selectors.engine_models()
+        if not models:
+            await self.error(502, "engine_unavailable", "no engine could say what it serves")
             return
         created = int(time.time())
         data = [
@@ -200,6 +199,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
             prior=request.prior,
             abandon_grace=0,
             tool_call_id=request.tool_call_id,
+            model=request.model,
         )
 
     async def stream(

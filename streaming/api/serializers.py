@@ -46,10 +46,15 @@ class ConversationSerializer(serializers.ModelSerializer):
             "id", "title", "title_source", "model", "system_prompt", "current_leaf", "created_at",
             "updated_at", "streaming",
         ]  # fmt: skip
-        read_only_fields = ["id", "title_source", "model", "created_at", "updated_at"]
+        read_only_fields = ["id", "title_source", "created_at", "updated_at"]
         extra_kwargs = {
             "title": {"required": False, "max_length": 200},
             "system_prompt": {"required": False, "max_length": settings.MAX_MESSAGE_CHARS},
+            "model": {
+                "required": False,
+                "max_length": 200,
+                "help_text": "the model that answers (one of /v1/models); empty: the default",
+            },
         }
 
     def get_streaming(self, conversation: Conversation) -> bool:
@@ -239,6 +244,12 @@ class PostMessageSerializer(serializers.Serializer):
         max_length=settings.MAX_MESSAGE_CHARS, trim_whitespace=False, allow_blank=False
     )
     params = GenerationParamsField(required=False, allow_null=True)
+    model = TextField(
+        required=False,
+        allow_blank=True,
+        max_length=200,
+        help_text="the model that answers this message; by default the conversation's",
+    )
 
 
 class RegenerateSerializer(serializers.Serializer):

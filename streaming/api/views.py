@@ -104,6 +104,7 @@ class ConversationList(JSONView, generics.ListCreateAPIView):
             self.request.user,
             title=serializer.validated_data.get("title", ""),
             system_prompt=serializer.validated_data.get("system_prompt", ""),
+            model=serializer.validated_data.get("model", ""),
         )
 
     @extend_schema(
@@ -213,6 +214,7 @@ def _post_message(request: Request, conversation_id: Any) -> Response:
         conversation_id,
         body.validated_data["content"],
         body.validated_data.get("params"),
+        model=body.validated_data.get("model", ""),
     )
     return _started(request, exchange, wait, with_question=True)
 

@@ -1,6 +1,7 @@
 """Engines, chosen by ``STREAMING["ENGINES"]`` the way ``CACHES`` chooses caches:
-``{"default": {"BACKEND": "streaming.engines.vllm.VLLMEngine", "LOCATION": url, ...}}``.
-The ``default`` engine answers every request."""
+``{"default": {"BACKEND": "streaming.engines.vllm.VLLMEngine", "LOCATION": url, ...},
+"big": {..., "MODEL": "big-model"}}``. Each serves its ``MODEL`` (or what its server
+lists); the ``default`` engine answers requests that name no model (``catalog``)."""
 
 from __future__ import annotations
 

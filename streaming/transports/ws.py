@@ -169,7 +169,11 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def on_create(self, frame: dict[str, Any]) -> None:
         exchange = await post_message(
-            self.user, frame.get("conversation"), frame.get("content"), frame.get("params")
+            self.user,
+            frame.get("conversation"),
+            frame.get("content"),
+            frame.get("params"),
+            model=frame.get("model") or "",
         )
         await self._started(frame, exchange)
 

@@ -3,6 +3,8 @@ block above the answer (simulated engine with its ``reasoning`` parameter)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from playwright.sync_api import expect
 
@@ -67,3 +69,25 @@ def test_a_tool_call_is_a_labelled_block_that_is_not_run(open_chat):
     again = chat.page.locator("article.message.assistant").last
     expect(again.locator(".tool-call-name")).to_have_text("get_weather")
     assert chat.errors == []
+
+
+def test_the_model_picker_chooses_who_answers(open_chat, daphne, emulator):
+    from tests.emulator.vllm_emulator import DEFAULT_TEXT
+
+    server = daphne(ENGINE_MODELS=json.dumps({"test-model": emulator}))
+    chat = open_chat(server)
+    page = chat.page
+    picker = page.locator("#model")
+    expect(picker.locator("option")).to_have_text(["simulated (default)", "test-model"])
+    page.locator("#settings summary").click()
+    picker.select_option("test-model")
+    emulated = chat.ask("hello there")
+    expect(emulated).to_have_attribute("data-status", "complete")
+    assert chat.server_message(emulated)["model"] == "test-model"
+    assert chat.server_message(emulated)["content"] == DEFAULT_TEXT
+
+    picker.select_option("")
+    simulated = chat.ask("hello again", text="From the simulator.", tokens_per_second=200)
+    expect(simulated).to_have_attribute("data-status", "complete")
+    assert chat.server_message(simulated)["model"] == "simulated"
+    expect(chat.content(simulated)).to_have_text("From the simulator.")

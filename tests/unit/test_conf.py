@@ -87,3 +87,22 @@ def test_a_backend_is_built_from_its_path_and_options():
     assert log._max_messages == 3
     with pytest.raises(ValueError, match="BACKEND"):
         build_backend({"LOCATION": "x"})
+
+
+def test_engine_models_add_a_server_per_model():
+    config = from_environ(
+        {
+            "ENGINE_MODELS": '{"tiny": "http://a:8000", "big": "http://b:8000"}',
+            "ENGINE_API_KEY": "k",
+        }
+    )
+    engines = config["ENGINES"]
+    assert engines["default"] == DEFAULTS["ENGINES"]["default"]  # the simulated engine
+    assert engines["model:tiny"]["LOCATION"] == "http://a:8000"
+    assert (engines["model:big"]["MODEL"], engines["model:big"]["API_KEY"]) == ("big", "k")
+    with_default = from_environ({"ENGINE_URL": "http://e", "ENGINE_MODELS": '{"x": "http://x"}'})
+    assert set(with_default["ENGINES"]) == {"default", "model:x"}
+    assert with_default["ENGINES"]["default"]["LOCATION"] == "http://e"
+    for bad in ("[1]", '{"x": 3}', "not json"):
+        with pytest.raises(ValueError, match="ENGINE_MODELS"):
+            from_environ({"ENGINE_MODELS": bad})

@@ -112,10 +112,11 @@ function starting(path, body, stream) {
 }
 
 export const messages = {
-  post: (conversationId, content, params, stream) =>
-    starting(`/api/conversations/${conversationId}/messages/`, { content, params }, stream),
+  post: (conversationId, content, params, stream, model) =>
+    starting(`/api/conversations/${conversationId}/messages/`, { content, params, model }, stream),
   /** The first message of a new conversation: made together, or not at all. */
-  start: (content, params, stream) => starting("/api/messages/", { content, params }, stream),
+  start: (content, params, stream, model) =>
+    starting("/api/messages/", { content, params, model }, stream),
   get: (id) => request("GET", `/api/messages/${id}/`),
   cancel: (id) => request("POST", `/api/messages/${id}/cancel/`),
   continue: (id) => request("POST", `/api/messages/${id}/continue/`),

@@ -32,6 +32,7 @@ const titleLine = $("conversation-title");
 const ttftLine = $("ttft");
 const maxTokensInput = $("max-tokens");
 const simulationInput = $("simulation");
+const modelPicker = $("model");
 
 const TRANSPORT_KEY = "chat.transport";
 const READY_POLL_MS = 5000;
@@ -460,8 +461,8 @@ async function send() {
     // first. Over WebSocket the answer is read on the socket, as every other.
     const oneStep = transport() === "sse";
     const { created: exchange, connection } = startedIn
-      ? await messages.post(startedIn, content, params, oneStep)
-      : await messages.start(content, params, oneStep);
+      ? await messages.post(startedIn, content, params, oneStep, modelPicker.value)
+      : await messages.start(content, params, oneStep, modelPicker.value);
     const conversationId = exchange.message.conversation;
     drafts.sent(startedIn);
     // The simulation settings are for one message: they never stick to the next ones.
@@ -580,6 +581,12 @@ if (config.simulation) {
   });
 }
 showDeveloper();
+// The model picker, when more than one model is served ("" is the default one).
+for (const name of config.models) {
+  const label = name === config.model ? `${name} (default)` : name;
+  modelPicker.append(new Option(label, name === config.model ? "" : name));
+}
+modelPicker.closest(".model-picker").hidden = config.models.length < 2;
 maxTokensInput.max = String(config.maxTokensCap);
 maxTokensInput.placeholder = String(config.defaultMaxTokens);
 
