@@ -51,6 +51,7 @@ SAFE_DEFAULTS = {
     "STREAM_TITLES",
     "STREAM_TITLE_MAX_TOKENS",
     "STREAM_TITLE_TIMEOUT",
+    "DAPHNE_LOG_LEVEL",  # WARNING: Daphne's own lines stay out of the logs
     "DAPHNE_PING_INTERVAL",
     "DAPHNE_PING_TIMEOUT",
     "WEB_BIND",
