@@ -262,6 +262,29 @@ def run_side(
     return results, figures
 
 
+def each_side(
+    options: Options,
+    tag: str,
+    count: int,
+    measure: Callable[[Side], dict[str, Any]],
+    our_extra: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """``measure`` on fresh servers of ours (``count`` users), then of the baseline."""
+    out: dict[str, Any] = {}
+    side = start_ours(options, tag, count, **(our_extra or {}))
+    try:
+        out["ours"] = measure(side)
+    finally:
+        side.cluster.stop()
+    if options.baseline:
+        base = start_baseline(options, tag)
+        try:
+            out["baseline"] = measure(base)
+        finally:
+            base.cluster.stop()
+    return out
+
+
 def both_sides(
     options: Options,
     tag: str,
@@ -270,19 +293,10 @@ def both_sides(
     ttft_ms: float | None,
     our_extra: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    side = start_ours(options, tag, count, **(our_extra or {}))
-    try:
-        _, out["ours"] = run_side(side, build(side), options, ttft_ms)
-    finally:
-        side.cluster.stop()
-    if options.baseline:
-        base = start_baseline(options, tag)
-        try:
-            _, out["baseline"] = run_side(base, build(base), options, ttft_ms)
-        finally:
-            base.cluster.stop()
-    return out
+    return each_side(
+        options, tag, count, lambda side: run_side(side, build(side), options, ttft_ms)[1],
+        our_extra,
+    )  # fmt: skip
 
 
 # --- the scenarios -----------------------------------------------------------------------
@@ -337,7 +351,6 @@ def ttft(options: Options) -> dict[str, Any]:
 
 def memory(options: Options) -> dict[str, Any]:
     """Target 4: <= 16 KiB per open stream; a client that stops reading <= 256 KiB."""
-    out: dict[str, Any] = {}
     n, k = options.memory_streams, options.slow_clients
     ramp, hold = 5.0, 6.0
     slow = {"text": TEXT, "length": 60, "tokens_per_second": 2.0, "ttft_ms": options.ttft_ms}
@@ -388,18 +401,7 @@ def memory(options: Options) -> dict[str, Any]:
         figures["rss_idle_mib"] = idle.rss_bytes / 2**20
         return figures
 
-    side = start_ours(options, "memory", n + k)
-    try:
-        out["ours"] = measure(side)
-    finally:
-        side.cluster.stop()
-    if options.baseline:
-        base = start_baseline(options, "memory")
-        try:
-            out["baseline"] = measure(base)
-        finally:
-            base.cluster.stop()
-    return out
+    return each_side(options, "memory", n + k, measure)
 
 
 def abort(options: Options) -> dict[str, Any]:
@@ -584,7 +586,6 @@ def users(options: Options) -> dict[str, Any]:
         "tokens_per_second": options.users_rate,
         "ttft_ms": options.ttft_ms,
     }
-    out: dict[str, Any] = {}
 
     def measure(side: Side) -> dict[str, Any]:
         plans = plans_for(side, n, sim, options.users_ramp, transports=half_and_half, budget=90)
@@ -601,18 +602,7 @@ def users(options: Options) -> dict[str, Any]:
             figures.update(check_persisted(results))
         return figures
 
-    side = start_ours(options, "users", n)
-    try:
-        out["ours"] = measure(side)
-    finally:
-        side.cluster.stop()
-    if options.baseline:
-        base = start_baseline(options, "users")
-        try:
-            out["baseline"] = measure(base)
-        finally:
-            base.cluster.stop()
-    return out
+    return each_side(options, "users", n, measure)
 
 
 SCENARIOS: dict[str, Callable[[Options], dict[str, Any]]] = {
