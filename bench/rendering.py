@@ -28,18 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import database, servers
+from bench.chromium import CHROMIUM, CHROMIUM_ARGS
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 CATEGORIES = [
     "toplevel",
     "devtools.timeline",

@@ -6,27 +6,16 @@ runs an event loop in this thread, and Django refuses database calls while one i
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import expect
 
+from bench.chromium import CHROMIUM, CHROMIUM_ARGS
 from tests.e2e.chatpage import ChatPage
 from tests.e2e.relay import Relay
 
-CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 # Streams in these tests last a few seconds; the margins are for a loaded machine.
 expect.set_options(timeout=20_000)
 
