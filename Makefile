@@ -36,9 +36,13 @@ run: migrate
 demo-password: migrate
 	$(BIN)/python manage.py ensure_demo_user --reset-password
 
+# Two workers (pytest-xdist) by default: most tests wait on servers and browsers, so two
+# run in about the time of one. TEST_WORKERS=0 runs in this process only.
+TEST_WORKERS ?= 2
+
 test: lint
 	$(BIN)/python manage.py makemigrations --check --dry-run
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -p tests.support.workers -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # Style, types, the layers and their import contracts, declared dependencies.
 lint: install

@@ -7,6 +7,7 @@ to the Daphne processes, which connect to the same test database (PostgreSQL in 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,15 @@ import pytest
 from tests.support.servers import DaphneServer, server_env
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    if worker != "gw0" and "tests.support.workers" not in sys.modules:
+        raise pytest.UsageError(
+            "parallel runs need `-p tests.support.workers` (each worker its own Redis): "
+            "use `make test`, or `python -m pytest -p tests.support.workers -n 2 --dist loadscope`"
+        )
 
 
 @dataclass

@@ -71,7 +71,12 @@ class ChatPage:
             page.get_by_role("button", name="Send").click()
         else:
             box.press("Enter")
-        expect(answers).to_have_count(before + 1)
+        try:
+            expect(answers).to_have_count(before + 1)
+        except AssertionError as exc:
+            notice = page.locator("#notice")
+            said = notice.inner_text() if notice.is_visible() else "(no banner)"
+            raise AssertionError(f"no answer appeared; the page says: {said}") from exc
         return answers.nth(before)
 
     def simulate(self, **simulation: Any) -> None:
