@@ -36,6 +36,9 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_MS": 1000,
     # Write-behind period for partial content, in seconds.
     "FLUSH_INTERVAL": 1.0,
+    # Text produced within this many seconds of a generation's last log write becomes one
+    # log event (a segment's start and its first text are never held back).
+    "COALESCE_WINDOW": 0.015,
     # Readers write at most one frame per interval (merge-on-read), in seconds.
     "MIN_WRITE_INTERVAL": 0.02,
     # Unsent bytes a connection may hold in the server before its reader pauses.

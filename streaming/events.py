@@ -9,14 +9,31 @@ the first piece its ``id`` and ``name``, every piece a fragment of its JSON
 ``arguments``). Readers merge consecutive events of one kind before writing (``merge``):
 a slow or busy reader sends fewer, larger frames and never falls behind the log by more
 than one write.
+
+An event the log holds never changes again (``Logged``), so its JSON is encoded once and
+shared: by the log entry and by the frame of every reader it reaches, in this process and,
+decoded from the log's own bytes, in every other.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import orjson
+
 Event = dict[str, Any]
+
+
+class Logged(dict[str, Any]):
+    """An event as the log holds it, with its compact JSON (``encoded``). Not to be
+    changed: the encoding is what readers are sent."""
+
+    __slots__ = ("encoded",)
+
+    def __init__(self, event: Event, encoded: bytes | None = None) -> None:
+        super().__init__(event)
+        self.encoded = orjson.dumps(event) if encoded is None else encoded
+
 
 START = "start"
 DELTA = "delta"
@@ -136,14 +153,21 @@ def _same_run(first: Event, event: Event) -> bool:
     return bool(first["type"] != TOOL_CALL or first["index"] == event["index"])
 
 
-# One encoder for the process: ``json.dumps`` with options builds a new encoder per call,
-# and every event is encoded at least twice (the log entry, the frame).
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+def encode(event: Event) -> bytes:
+    """Compact UTF-8 JSON (nothing escaped to ASCII); a ``Logged`` event's is reused."""
+    if type(event) is Logged:
+        return event.encoded
+    return orjson.dumps(event)
 
 
-def dumps(event: Event) -> str:
-    return _ENCODER.encode(event)
+def decode(raw: bytes | str) -> Any:
+    return orjson.loads(raw)
 
 
 def ws_frame(event: Event, message_id: str) -> str:
-    return dumps({**event, "message_id": message_id})
+    """The event with the id of its message (a socket may follow several)."""
+    encoded = encode(event)
+    if "message_id" not in event:
+        # The event's own JSON with one more member: an object, never empty (it has a seq).
+        encoded = b'%s,"message_id":%s}' % (encoded[:-1], orjson.dumps(message_id))
+    return encoded.decode()

@@ -1,7 +1,8 @@
 """The generation service: the one code path that runs a generation for every transport.
 
 prompt -> engine -> incremental UTF-8 detokenisation -> stop-sequence hold-back ->
-event log (+ local fan-out) -> write-behind persistence -> final record + ``done``.
+outbox (coalesced, then the event log and local fan-out) -> write-behind persistence ->
+final record + ``done``.
 The model's reasoning, when the engine splits it off, is a channel of its own: ``reasoning``
 events beside the answer's ``delta`` events, persisted apart (stop sequences apply to the
 answer only). Tool calls the engine's parser finds are ``tool_call`` events, persisted on
@@ -39,6 +40,7 @@ from streaming.engines.base import (
 from streaming.engines.catalog import Catalog
 from streaming.hub import Hub
 from streaming.logcontext import stream_context
+from streaming.outbox import Outbox
 from streaming.persistence import Partial, finalize_segment
 from streaming.presence import Presence
 from streaming.stops import StopFilter
@@ -104,7 +106,16 @@ class Generation:
         self.backends = backends
         self.on_end = on_end
         self.message_id = plan.message_id
-        self.seq = plan.first_seq - 1
+        # The events on their way to the log; ``parts`` and ``reasoning_parts`` hold the
+        # text and reasoning the log has (what readers can have seen), so the write-behind
+        # copy and the final record never get ahead of the log.
+        self.outbox = Outbox(
+            self._write,
+            self._written,
+            first_seq=plan.first_seq,
+            window=streaming_settings.COALESCE_WINDOW,
+            failed=self._write_failed,
+        )
         self.parts: list[str] = []
         self.reasoning_parts: list[str] = []
         # This segment's tool calls, as their pieces arrive.
@@ -214,25 +225,41 @@ class Generation:
     def reasoning(self) -> str:
         return "".join(self.reasoning_parts)
 
+    @property
+    def seq(self) -> int:
+        """The seq of the last event the log holds."""
+        return self.outbox.seq
+
     def partial(self) -> Partial | None:
-        if self.seq == self._persisted_seq or self._finalizing:
+        seq = self.outbox.seq
+        if seq == self._persisted_seq or self._finalizing:
             return None
-        self._persisted_seq = self.seq
+        self._persisted_seq = seq
         plan = self.plan
         return Partial(
             self.message_id,
             plan.base_text + self.text,
-            self.seq,
+            seq,
             plan.base_reasoning + self.reasoning,
         )
 
-    async def _emit(self, batch: list[events.Event]) -> None:
+    async def _write(self, batch: list[events.Event]) -> None:
         await self.backends.log.append(self.message_id, batch)
+
+    def _written(self, batch: list[events.Event]) -> None:
+        """A batch is in the log: it is part of the answer now, and local readers get it."""
+        for event in batch:
+            kind = event["type"]
+            if kind == events.DELTA:
+                self.parts.append(event["text"])
+            elif kind == events.REASONING:
+                self.reasoning_parts.append(event["text"])
         self.backends.hub.publish(self.message_id, batch)
 
-    def _next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
+    def _write_failed(self, exc: BaseException) -> None:
+        """The log refused a write: the run ends (as an internal error) at once."""
+        if self.task is not None and self._waiting_for_engine and not self.task.done():
+            self.task.cancel()
 
     async def _run(self) -> None:
         plan = self.plan
@@ -256,15 +283,14 @@ class Generation:
         try:
             # Inside the try: an engine that refuses the request up front still ends it.
             stream = engine.stream(request)
-            await self._emit(
-                [
-                    events.start(
-                        self._next_seq(),
-                        message_id=plan.message_id,
-                        segment=plan.segment_index,
-                        model=request.model or engine.model,
-                    )
-                ]
+            self.outbox.add(
+                events.start(
+                    0,
+                    message_id=plan.message_id,
+                    segment=plan.segment_index,
+                    model=request.model or engine.model,
+                ),
+                urgent=True,
             )
             if await self._pump(stream, detok, stops, termination):
                 return termination  # a stop string matched: nothing held back is shown
@@ -287,14 +313,13 @@ class Generation:
             task = asyncio.current_task()
             if isinstance(exc, asyncio.CancelledError) and task is not None:
                 task.uncancel()
-            reason = self.cancel_reason or Status.INTERRUPTED.value
-            termination.status = CANCEL_STATUSES.get(reason, Status.INTERRUPTED).value
+            if isinstance(self.outbox.error, Exception):
+                await self._fail(termination, self.outbox.error)
+            else:
+                reason = self.cancel_reason or Status.INTERRUPTED.value
+                termination.status = CANCEL_STATUSES.get(reason, Status.INTERRUPTED).value
         except Exception as exc:  # a bug or an unexpected failure: still end cleanly
-            log.exception("generation failed")
-            termination.status = Status.ERROR.value
-            termination.error_type = "InternalError"
-            termination.error_message = storable(str(exc)) or exc.__class__.__name__
-            await self._emit_error(EngineError(termination.error_message, "InternalError", 500))
+            await self._fail(termination, exc)
         finally:
             self._finalizing = True
             if self._abandon_timer is not None:
@@ -318,11 +343,17 @@ class Generation:
             termination.finish_reason = "stop"
             termination.stop_reason = matched
         if tail:
-            self.parts.append(tail)
             self.in_reasoning = False
-            with contextlib.suppress(Exception):
-                await self._emit([events.delta(self._next_seq(), tail)])
+            self.outbox.add(events.delta(0, tail))
         return termination
+
+    async def _fail(self, termination: Termination, exc: Exception) -> None:
+        """End as an internal error: a bug, an unexpected failure, or the log refusing."""
+        log.error("generation failed", exc_info=exc)
+        termination.status = Status.ERROR.value
+        termination.error_type = "InternalError"
+        termination.error_message = storable(str(exc)) or exc.__class__.__name__
+        await self._emit_error(EngineError(termination.error_message, "InternalError", 500))
 
     async def _pump(
         self,
@@ -334,10 +365,12 @@ class Generation:
         """Move engine output to the log until the engine ends; True on a stop match."""
         loop = asyncio.get_running_loop()
         completion_tokens = 0
-        first_token = first_reasoning = True
+        first_token = first_reasoning = first_text = True
         self._stall_timer = loop.call_later(streaming_settings.STALL_TIMEOUT, self._watch_stall)
         stamps = streaming_settings.EMIT_STAMPS
         while True:
+            if self.outbox.error is not None:
+                raise self.outbox.error
             if self.cancel_reason is not None:
                 raise Cancelled
             self._waiting_for_engine = True
@@ -377,21 +410,22 @@ class Generation:
                     termination.completion_tokens = completion_tokens
             if chunk.reasoning:
                 thought = storable(chunk.reasoning)
-                self.reasoning_parts.append(thought)
+                self.outbox.add(events.reasoning(0, thought), urgent=not self.in_reasoning)
                 self.in_reasoning = True
-                await self._emit([events.reasoning(self._next_seq(), thought)])
             if chunk.tool_calls:
                 self.in_reasoning = False
-                await self._emit([self._tool_call(piece) for piece in chunk.tool_calls])
+                for piece in chunk.tool_calls:
+                    self.outbox.add(self._tool_call(piece))
             text = chunk.text if chunk.token_bytes is None else detok.feed(chunk.token_bytes)
             text = storable(text)
             if text:
                 shown, matched = stops.feed(text)
                 if shown:
-                    self.parts.append(shown)
-                    self.in_reasoning = False
                     stamp = chunk.emitted_at if stamps else None
-                    await self._emit([events.delta(self._next_seq(), shown, stamp)])
+                    # The answer's first text goes at once (the window never delays it).
+                    urgent = first_text or self.in_reasoning
+                    first_text = self.in_reasoning = False
+                    self.outbox.add(events.delta(0, shown, stamp), urgent=urgent)
                 if matched is not None:
                     termination.status = Status.STOPPED.value
                     termination.finish_reason = "stop"
@@ -404,7 +438,7 @@ class Generation:
     def _tool_call(self, piece: ToolCallDelta) -> events.Event:
         """The event of one piece of a tool call (texts made storable), added to its call."""
         event = events.tool_call(
-            self._next_seq(),
+            0,
             index=piece.index,
             id=storable(piece.id),
             name=storable(piece.name),
@@ -435,20 +469,23 @@ class Generation:
             termination.status = Status.COMPLETE.value
 
     async def _emit_error(self, exc: EngineError) -> None:
+        self.outbox.add(events.error(0, message=exc.message, type=exc.type, code=exc.code))
         with contextlib.suppress(Exception):
-            await self._emit(
-                [events.error(self._next_seq(), message=exc.message, type=exc.type, code=exc.code)]
-            )
+            await self.outbox.drain()
 
     async def _finish(self, termination: Termination) -> None:
         plan = self.plan
         backends = self.backends
+        # Everything produced goes to the log before the record is written: the record's
+        # text is what the log holds (short of it only if the log refused a write).
+        with contextlib.suppress(Exception):
+            await self.outbox.drain()
         text = self.text
         content = plan.base_text + text
         termination.inspect_text(content)
         termination.ended_in_reasoning = self.in_reasoning
         self.termination = termination
-        done_seq = self._next_seq()
+        done_seq = self.outbox.seq + 1
         owned = await self._persist_final(
             content, plan.base_reasoning + self.reasoning, done_seq, termination
         )

@@ -31,6 +31,8 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource, SSEError
 
+from streaming import events
+
 from .base import (
     ChatTurn,
     EngineChunk,
@@ -351,7 +353,7 @@ class _ChunkParser:
 
     def feed(self, data: str) -> list[EngineChunk]:
         try:
-            obj = json.loads(data)
+            obj = events.decode(data)
         except ValueError as exc:
             raise EngineError(
                 f"vLLM sent a non-JSON event: {data[:200]!r}",

@@ -22,7 +22,6 @@ keep their cursor and resume reading when Redis answers again.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -33,7 +32,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streaming.conf import streaming_settings
-from streaming.events import DONE, START, Event, dumps
+from streaming.events import DONE, START, Event, Logged, decode, encode
 from streaming.streamlog.base import TOMBSTONE_SECONDS, SeqConflict, StreamLog, deleted_done
 
 KEY_PREFIX = "chat:log:"
@@ -81,7 +80,8 @@ def _entry_id(seq: int) -> str:
 
 
 def _decode(entries: Any) -> list[Event]:
-    return [json.loads(fields[b"e"]) for _id, fields in entries]
+    """Events from ``XRANGE``/``XREAD`` entries, each keeping the bytes it was stored as."""
+    return [Logged(decode(raw := fields[b"e"]), raw) for _id, fields in entries]
 
 
 class RedisStreamLog(StreamLog):
@@ -183,7 +183,7 @@ class RedisStreamLog(StreamLog):
         applied by the attempt whose connection failed, so it counts as appended."""
         keys: list[str] = []
         kinds: list[str] = []
-        entries: list[str] = []
+        entries: list[str | bytes] = []
         spans: list[int] = []
         for message_id, events, _future in batch:
             key = stream_key(message_id)
@@ -191,7 +191,7 @@ class RedisStreamLog(StreamLog):
                 keys.append(key)
                 kind = event["type"]
                 kinds.append("d" if kind == DONE else "s" if kind == START else "-")
-                entries += (_entry_id(event["seq"]), dumps(event))
+                entries += (_entry_id(event["seq"]), encode(event))
             spans.append(len(events))
         # A live log outlives any generation; a finished one is kept for resumes.
         ttl = streaming_settings.LOG_TTL

@@ -7,10 +7,9 @@ chunks), the ``: ping`` keep-alive, the ``retry:`` hint and OpenAI's ``[DONE]``.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from streaming.events import Event, dumps
+from streaming.events import Event, encode
 
 HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -24,7 +23,11 @@ DONE = b"data: [DONE]\n\n"
 
 def frame(event: Event) -> bytes:
     """``id`` / ``event`` / ``data`` lines; the payload is one line of compact JSON."""
-    return f"id: {event['seq']}\nevent: {event['type']}\ndata: {dumps(event)}\n\n".encode()
+    return b"id: %d\nevent: %s\ndata: %s\n\n" % (
+        event["seq"],
+        event["type"].encode(),
+        encode(event),
+    )
 
 
 def frames(events: list[Event]) -> bytes:
@@ -33,13 +36,12 @@ def frames(events: list[Event]) -> bytes:
 
 def data(obj: dict[str, Any]) -> bytes:
     """A ``data:``-only frame (OpenAI's stream format)."""
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: %s\n\n" % encode(obj)
 
 
 def named(name: str, obj: dict[str, Any]) -> bytes:
     """An ``event`` / ``data`` frame without an ``id`` (not part of the resumable stream)."""
-    payload = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {name}\ndata: {payload}\n\n".encode()
+    return b"event: %s\ndata: %s\n\n" % (name.encode(), encode(obj))
 
 
 def retry(ms: int) -> bytes:

@@ -364,7 +364,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def _send_json(self, payload: dict[str, Any]) -> None:
         self.last_sent = time.monotonic()
-        await self.send(text_data=json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
+        await self.send(text_data=events.encode(payload).decode())
 
 
 def _ref_of(frame: dict[str, Any]) -> Any:

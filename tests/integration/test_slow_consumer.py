@@ -40,12 +40,15 @@ async def test_unread_stream_is_bounded_and_resumes_exactly(daphne, account):
         STREAM_SEND_BUFFER_LIMIT="2048",
         STREAM_SLOW_CONSUMER_TIMEOUT="1",
         STREAM_MIN_WRITE_INTERVAL="0",
+        # An answer far larger than what the kernel's buffers hold, framing aside (the
+        # log coalesces a fast engine's tokens, so frames carry many tokens each).
+        MAX_TOKENS_CAP="40000",
     )
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         conversation = await create_conversation(client, account.token)
         message = await post_message(
             client, account.token, conversation, "flood",
-            max_tokens=4000, simulation={"length": 4000, "tokens_per_second": 4000},
+            max_tokens=40000, simulation={"length": 40000, "tokens_per_second": 40000},
         )  # fmt: skip
         # A raw connection with a tiny receive window that reads nothing for now.
         sock = socket.socket()

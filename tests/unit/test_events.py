@@ -29,6 +29,24 @@ def test_ws_frame_adds_the_message_id():
     assert payload == {"seq": 3, "type": "delta", "text": "x", "message_id": "mid"}
 
 
+def test_ws_frame_of_an_event_naming_its_message_names_it_once():
+    frame = events.ws_frame(events.start(1, message_id="mid", segment=0, model="m"), "mid")
+    assert frame.count('"message_id"') == 1
+    assert json.loads(frame)["message_id"] == "mid"
+
+
+def test_a_logged_event_is_encoded_once_and_shared():
+    """The log entry's bytes are what every reader's frame carries: no second encoding."""
+    logged = events.Logged(events.delta(7, '日本語 "quoted" 🚀'))
+    assert events.encode(logged) is logged.encoded
+    # Compact, and UTF-8 as is: never \\u escapes.
+    assert logged.encoded == '{"seq":7,"type":"delta","text":"日本語 \\"quoted\\" 🚀"}'.encode()
+    decoded = events.Logged(events.decode(logged.encoded), logged.encoded)
+    assert decoded == logged and events.encode(decoded) is logged.encoded
+    ws = json.loads(events.ws_frame(logged, "mid"))
+    assert ws == {**logged, "message_id": "mid"}
+
+
 def test_merge_keeps_reasoning_and_answer_apart():
     batch = [
         events.reasoning(2, "Let me "),

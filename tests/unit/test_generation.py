@@ -8,6 +8,7 @@ from the hub is what the log holds.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -147,7 +148,7 @@ async def test_a_complete_answer(answer: Answer) -> None:
     )
     logged = await finish(run)
     assert logged[0] == events.start(1, message_id=answer.message_id, segment=0, model=MODEL)
-    assert texts(logged) == ["Hello", ", ", "world"]
+    assert "".join(texts(logged)) == "Hello, world"
     done = logged[-1]
     assert (done["status"], done["finish_reason"], done["stop_reason"]) == (
         Status.COMPLETE,
@@ -195,10 +196,8 @@ async def test_reasoning_is_a_channel_of_its_own(answer: Answer) -> None:
         stop=["two"],  # stop strings are for the answer: the reasoning may say anything
     )
     logged = await finish(run)
-    assert [e["type"] for e in logged] == [
-        "start", "reasoning", "reasoning", "delta", "delta", "done"
-    ]  # fmt: skip
-    assert (thoughts(logged), texts(logged)) == (["Two and ", "two."], ["Four", "."])
+    assert runs(logged) == ["start", "reasoning", "delta", "done"]
+    assert ("".join(thoughts(logged)), "".join(texts(logged))) == ("Two and two.", "Four.")
     done = logged[-1]
     assert (done["status"], done["reasoning_tokens"], done["ended_in_reasoning"]) == (
         Status.COMPLETE,
@@ -269,11 +268,9 @@ async def test_tool_calls_are_streamed_and_persisted(answer: Answer) -> None:
     )
     logged = await finish(run)
     calls = [e for e in logged if e["type"] == "tool_call"]
-    assert [(e["id"], e["name"], e["arguments"]) for e in calls] == [
-        ("call_1", "get_weather", ""),
-        ("", "", '{"city":'),
-        ("", "", '"Paris"}'),
-    ]
+    assert (calls[0]["id"], calls[0]["name"]) == ("call_1", "get_weather")
+    assert {e["index"] for e in calls} == {0}
+    assert "".join(e["arguments"] for e in calls) == '{"city":"Paris"}'
     done = logged[-1]
     assert (done["status"], done["finish_reason"]) == (Status.COMPLETE, "tool_calls")
     whole = [
@@ -311,14 +308,14 @@ async def test_a_stop_string_split_over_chunks_is_never_shown(answer: Answer) ->
 async def test_a_held_back_prefix_that_is_no_stop_string_is_shown(answer: Answer) -> None:
     run = await launch(answer, [chunk("Hello E"), chunk("N"), chunk("x")], stop=["END"])
     logged = await finish(run)
-    assert texts(logged) == ["Hello ", "ENx"]
+    assert "".join(texts(logged)) == "Hello ENx"
     assert logged[-1]["status"] == Status.COMPLETE
 
 
 async def test_a_prefix_held_back_at_the_end_is_real_output(answer: Answer) -> None:
     run = await launch(answer, [chunk("Hello E"), chunk("N", finish_reason="stop")], stop=["END"])
     logged = await finish(run)
-    assert texts(logged) == ["Hello ", "EN"]
+    assert "".join(texts(logged)) == "Hello EN"
     assert (logged[-1]["status"], logged[-1]["stop_reason"]) == (Status.COMPLETE, None)
 
 
@@ -472,10 +469,10 @@ def redis_log() -> StreamLog:
         ),
     ],
 )
-async def test_a_cancel_during_an_emit_never_cuts_an_event(answer: Answer, backend: str) -> None:
+async def test_a_cancel_never_cuts_an_event(answer: Answer, backend: str) -> None:
     """The cancel is scheduled by the engine as it hands over a chunk, so it lands while
-    that chunk is being appended to the log (the Redis log suspends there) or, when the
-    append does not suspend, at the engine's next wait."""
+    that chunk is on its way to the log: it stops the engine, and what was produced
+    before it is in the log whole, as the record says."""
     log = MemoryStreamLog() if backend == "memory" else redis_log()
     holder: list[Generation] = []
     after = Gate()
@@ -494,10 +491,74 @@ async def test_a_cancel_during_an_emit_never_cuts_an_event(answer: Answer, backe
     finally:
         await log.delete(answer.message_id)
         await log.close()
-    assert texts(logged) == ["one ", "two " * 50]
+    assert "".join(texts(logged)) == "one " + "two " * 50
     assert logged[-1]["status"] == Status.CANCELLED
-    if backend == "redis":
-        assert not after.reached.is_set(), "the cancel landed during the append"
+    assert after.reached.is_set() and run.engine.steps_run == 4, "ended in the next wait"
+
+
+class HeldLog(MemoryStreamLog):
+    """A log whose appends wait while ``gate`` is closed (a slow Redis); ``entered`` is
+    set when an append is waiting there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+        self.appends = 0
+
+    async def append(self, message_id: str, batch: list[events.Event]) -> None:
+        self.appends += 1
+        self.entered.set()
+        await self.gate.wait()
+        await super().append(message_id, batch)
+
+
+async def test_a_slow_log_never_holds_up_the_engine(answer: Answer) -> None:
+    """While an append waits on the log, the engine is read on: what it produced
+    meanwhile goes out as one event when the log answers, seqs contiguous."""
+    log = HeldLog()
+    written, reading = Gate(), Gate()
+    script = [chunk("a"), written, *[chunk(f" {n}") for n in range(20)], reading, chunk()]
+    run = await launch(answer, script, log=log)
+    await asyncio.wait_for(written.reached.wait(), HANG)
+    await asyncio.wait_for(log.entered.wait(), HANG)  # the start and "a" are on their way
+    written.open()
+    await asyncio.wait_for(reading.reached.wait(), HANG)
+    assert run.engine.steps_run == 23, "every chunk was read while the append waited"
+    assert log.appends == 1
+    log.gate.set()
+    reading.open()
+    logged = await finish(run)
+    assert texts(logged) == ["a", "".join(f" {n}" for n in range(20))]
+
+
+async def first_text(hub: Hub, message_id: str) -> str:
+    async for batch in hub.read(message_id, 0):
+        for event in batch or []:
+            if event["type"] == events.DELTA:
+                return str(event["text"])
+    raise AssertionError("the segment ended without text")
+
+
+@override_settings(STREAMING={"COALESCE_WINDOW": 30.0})
+async def test_the_window_never_delays_the_first_text(answer: Answer) -> None:
+    """With a window far longer than the test, the first text still reaches readers at
+    once; text after it waits for the window, or for the end, which drains it."""
+    first, second = Gate(), Gate()
+    run = await launch(answer, [chunk("first"), first, chunk(" second"), second, chunk(" end")])
+    await asyncio.wait_for(first.reached.wait(), HANG)
+    assert await asyncio.wait_for(first_text(run.hub, answer.message_id), HANG) == "first"
+    first.open()
+    await asyncio.wait_for(second.reached.wait(), HANG)
+    second.open()
+    logged = await finish(run)
+    assert texts(logged) == ["first", " second end"], "held for the window, then drained"
+
+
+def runs(logged: list[events.Event]) -> list[str]:
+    """The event types of ``logged`` with repeats collapsed (coalescing decides how many
+    events a run of text is, not what it says)."""
+    return [kind for kind, _ in itertools.groupby(e["type"] for e in logged)]
 
 
 # --- readers leaving -----------------------------------------------------------------------
