@@ -12,7 +12,12 @@
 //
 // Rendering is incremental: every block before the last is complete once a later block
 // has started, so it is rendered once and kept; only the last, unfinished block is parsed
-// again as text arrives (the caller asks at most once per animation frame).
+// again as text arrives (the caller asks at most once per animation frame). Kept blocks
+// go into groups of `KEPT_GROUP` (`.kept`), which the style sheet lays out and paints only
+// while near the viewport (`content-visibility`), so a frame costs about the same at the
+// end of a long answer as at its start. A code block still open while streaming is its text only, updated in
+// place; it is highlighted once, when its fence closes (re-highlighting the whole block on
+// every frame was the largest cost of a long code block).
 
 import DOMPurify from "../vendor/dompurify/dist/purify.es.mjs";
 import hljs from "../vendor/@highlightjs/cdn-assets/es/highlight.min.js";
@@ -122,6 +127,9 @@ const SANITIZE = {
   // every attribute value that is not a URL, which must still pass.
   ALLOWED_URI_REGEXP: /^(?:(?:https?|mailto):|[^a-z]|[a-z+.-]+(?:[^a-z+.\-:]|$))/i,
 };
+// Set once: a configuration passed to each sanitize call is parsed again on every call,
+// which is most of what sanitising a small block costs.
+DOMPurify.setConfig(SANITIZE);
 // Task lists' checkboxes are the only inputs: disabled, never anything else.
 DOMPurify.addHook("uponSanitizeElement", (node, data) => {
   if (data.tagName === "input" && !(node.getAttribute("type") === "checkbox" && node.hasAttribute("disabled"))) {
@@ -129,11 +137,15 @@ DOMPurify.addHook("uponSanitizeElement", (node, data) => {
   }
 });
 
+// Kept blocks per group: few enough that a group is about a screen, many enough that the
+// answer has a few dozen children, not hundreds, to lay out and to watch for visibility.
+const KEPT_GROUP = 16;
+
 const TEXT_BLOCKS = "p, li, h1, h2, h3, h4, h5, h6, blockquote, td, th, dt, dd";
 
 /** One block's tokens as sanitised nodes, with the page's link and direction rules. */
 function renderTokens(tokens) {
-  const fragment = DOMPurify.sanitize(marked.parser(tokens), SANITIZE);
+  const fragment = DOMPurify.sanitize(marked.parser(tokens));
   for (const a of fragment.querySelectorAll("a")) {
     a.setAttribute("rel", "noopener noreferrer nofollow");
     a.setAttribute("target", "_blank");
@@ -217,6 +229,8 @@ export class MarkdownView {
     this.kept = ""; // the source of the kept blocks: a prefix of every later text
     this.links = {}; // reference-style link definitions seen in kept blocks
     this.tail = []; // the nodes of the last block
+    this.open = null; // the last block while it is a code block still open: {node, text}
+    this.group = null; // the group kept blocks are added to
   }
 
   update(text, streaming = false) {
@@ -228,15 +242,53 @@ export class MarkdownView {
     const tokens = lexer.lex(source.slice(this.kept.length));
     let last = tokens.length - 1;
     while (last > 0 && tokens[last].type === "space") last -= 1;
-    for (const node of this.tail) node.remove();
-    for (const token of tokens.slice(0, Math.max(last, 0))) {
-      this.container.append(...renderTokens([token]));
+    const kept = tokens.slice(0, Math.max(last, 0));
+    const rest = last >= 0 ? tokens.slice(last) : [];
+    const open = streaming && rest.length === 1 && rest[0].type === "code" && openFence(rest[0].raw);
+    const reuse = open && kept.length === 0 && this.open?.lang === (rest[0].lang || "");
+    if (!reuse) {
+      for (const node of this.tail) node.remove();
+      this.open = null;
+    }
+    for (const token of kept) {
+      if (!this.group || this.group.childElementCount >= KEPT_GROUP) {
+        this.group = el("div", { class: "kept" });
+        this.container.append(this.group);
+      }
+      this.group.append(...renderTokens([token]));
       this.kept += token.raw;
     }
     Object.assign(this.links, tokens.links);
-    this.tail = last >= 0 ? renderTokens(tokens.slice(last)) : [];
-    this.container.append(...this.tail);
+    if (open) {
+      this.open ??= openCodeBlock(rest[0].lang || "");
+      this.open.text.data = rest[0].text;
+      this.tail = [this.open.node];
+    } else {
+      this.tail = renderTokens(rest);
+    }
+    if (!reuse) this.container.append(...this.tail);
     const end = this.container.lastElementChild;
     if (streaming && end) cursorHost(end).append(this.cursor);
   }
+}
+
+/**
+ * A code block whose fence is still open, built as nodes with its text as a text node (so
+ * it is never markup), in the shape `codeBlock` renders; `text` is updated in place.
+ */
+function openCodeBlock(lang) {
+  const language = lang.trim().split(/\s+/)[0];
+  const text = document.createTextNode("");
+  const node = el(
+    "div",
+    { class: "code-block", "data-open": "true", dir: "auto" },
+    el(
+      "div",
+      { class: "code-head" },
+      el("span", { class: "code-lang" }, language || "code"),
+      el("button", { type: "button", class: "button small copy" }, "Copy"),
+    ),
+    el("pre", { dir: "ltr", tabindex: "0" }, el("code", { class: "hljs" }, text)),
+  );
+  return { node, text, lang };
 }
