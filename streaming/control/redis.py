@@ -33,13 +33,16 @@ class RedisControl(Control):
 
     def __init__(self, *, location: str, channel: str = "chat:control") -> None:
         self.channel = channel
-        self.redis: aioredis.Redis = aioredis.Redis.from_url(
+        # Blocking: a burst of sends past the bound waits for a connection, never fails.
+        pool = aioredis.BlockingConnectionPool.from_url(
             location,
             max_connections=64,
+            timeout=10,
             health_check_interval=30,
             socket_keepalive=True,
             socket_connect_timeout=5,
         )
+        self.redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         self._task: asyncio.Task[None] | None = None
         self.subscribed = asyncio.Event()
 

@@ -35,14 +35,19 @@ class RedisPresence(Presence):
     ) -> None:
         super().__init__(worker_id=worker_id, listener=listener)
         self.readers_ttl = readers_ttl
-        self.redis: aioredis.Redis = aioredis.Redis.from_url(
+        # A blocking pool: past ``max_connections`` a call waits for a connection to come
+        # back (up to the socket timeout) instead of failing, so a burst of readers
+        # attaching at once queues rather than ending their streams with an error.
+        pool = aioredis.BlockingConnectionPool.from_url(
             location,
             max_connections=max_connections,
+            timeout=10,
             health_check_interval=30,
             socket_keepalive=True,
             socket_timeout=10,
             socket_connect_timeout=5,
         )
+        self.redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
 
     async def publish(self, message_id: str, change: int, *, notify: bool) -> None:
         """Publish this process's count and tell the generation, in one Redis round trip.

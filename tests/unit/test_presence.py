@@ -251,3 +251,29 @@ async def test_readers_in_another_live_process_keep_a_generation(
     await there.leave()  # that process died: its count no longer keeps the answer alive
     await generation.recount_readers()
     assert await status_at_end(generation) == Status.ABANDONED
+
+
+async def test_a_burst_past_the_connection_bound_waits_its_turn() -> None:
+    """Many readers attaching at once on a small pool queue for a connection; none fails
+    (an exhausted pool used to raise at once, ending those readers' streams)."""
+    if not REDIS_URL:
+        pytest.skip("needs REDIS_URL")
+    from streaming.presence.redis import RedisPresence
+
+    presence = RedisPresence(
+        location=REDIS_URL,
+        worker_id=f"tests:presence:{uuid.uuid4().hex}",
+        listener=Generations(MemoryControl()),
+        max_connections=2,
+    )
+    message_ids = [str(uuid.uuid4()) for _ in range(50)]
+    try:
+        await asyncio.wait_for(
+            asyncio.gather(*(presence.attach(m, live=True) for m in message_ids)), HANG
+        )
+        counts = await asyncio.gather(*(presence.count(m) for m in message_ids))
+        assert counts == [1] * len(message_ids)
+    finally:
+        for message_id in message_ids:
+            await presence.detach(message_id, live=True, ended=True)
+        await presence.close()
