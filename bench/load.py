@@ -95,6 +95,10 @@ class Tracker:
         kind = event.get("type")
         seq = event.get("seq", self.seq)
         if kind == "delta":
+            # A log event may carry several tokens (write-side coalescing), and a token that
+            # ends inside a character carries no text: the seq span is a floor, replaced by
+            # the engine's own count of tokens when the segment ends (the relay's `done`
+            # tells its engine's count too, so both sides count the same tokens).
             r.tokens += seq - self.seq if self.seq else 1
             r.frames += 1
             self.parts.append(event["text"])
@@ -110,6 +114,9 @@ class Tracker:
             raise RuntimeError(f"error frame: {event}")
         elif kind == "done":
             r.status = event.get("status")
+            counted = event.get("completion_tokens")
+            if isinstance(counted, int) and counted > 0:
+                r.tokens = counted
             self.seq = seq
             return True
         self.seq = seq
@@ -119,6 +126,8 @@ class Tracker:
         r = self.result
         if payload.get("done"):
             r.status = "complete"
+            if isinstance(payload.get("tokens"), int) and payload["tokens"] > 0:
+                r.tokens = payload["tokens"]
             return True
         if "error" in payload:
             raise RuntimeError(f"relay error: {payload['error']}")

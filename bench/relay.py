@@ -57,15 +57,17 @@ async def stream(request: Request) -> StreamingResponse:
 
     async def tokens() -> AsyncIterator[str]:
         detok = Detokenizer()
+        generated = 0  # the engine's tokens, told at the end (as our `done` tells them)
         try:
             async for chunk in engine.stream(engine_request):
+                generated += chunk.tokens
                 text = chunk.text if chunk.token_bytes is None else detok.feed(chunk.token_bytes)
                 if text:
                     yield f"data: {json.dumps({'token': text, 't': chunk.emitted_at})}\n\n"
             tail = detok.flush()
             if tail:
                 yield f"data: {json.dumps({'token': tail})}\n\n"
-            yield f"data: {json.dumps({'done': True})}\n\n"
+            yield f"data: {json.dumps({'done': True, 'tokens': generated})}\n\n"
         except Exception as exc:
             yield f"data: {json.dumps({'error': str(exc)})}\n\n"
 
