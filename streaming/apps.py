@@ -8,11 +8,22 @@ class StreamingConfig(AppConfig):
 
     def ready(self) -> None:
         """Wire the upward paths: the layers below the services signal, the services act."""
-        from streaming import services, signals, titling
+        from django.contrib.auth import get_user_model
+        from django.db.models.signals import post_delete, post_save
+        from rest_framework.authtoken.models import Token
+
+        from streaming import services, signals, titling, tokens
         from streaming.conf import streaming_settings
+        from streaming.runtime import get_runtime
 
         streaming_settings.check()
         signals.answer_interrupted.connect(
             services.continue_interrupted, dispatch_uid="streaming.auto-continue"
         )
         signals.answer_ended.connect(titling.on_answer_completed, dispatch_uid="streaming.titles")
+        # A cached token must not outlive its row or its user's rights (streaming.tokens).
+        post_delete.connect(tokens.token_deleted, sender=Token, dispatch_uid="streaming.token")
+        user = get_user_model()
+        post_save.connect(tokens.user_changed, sender=user, dispatch_uid="streaming.user-saved")
+        post_delete.connect(tokens.user_changed, sender=user, dispatch_uid="streaming.user-gone")
+        tokens.cache().broadcast = lambda user_id: get_runtime().revoke_tokens(user_id)

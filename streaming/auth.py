@@ -17,7 +17,7 @@ from django.contrib.auth import get_user
 from django.contrib.auth.models import AnonymousUser
 from django.http import HttpRequest
 
-from streaming import database
+from streaming import database, tokens
 
 
 def header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -36,14 +36,15 @@ def token_from_header(value: str | None) -> str | None:
     return ""  # present but malformed: never fall back to the session
 
 
-def _user_for_token(key: str) -> Any:
-    from rest_framework.authtoken.models import Token
+def token_user(key: str) -> Any | None:
+    """The user of an API token (active or not), None for an unknown key; mostly without
+    a database trip (``streaming.tokens``). Synchronous: a database thread calls it."""
+    return tokens.cache().user_for(key)
 
-    try:
-        token = Token.objects.select_related("user").get(key=key)
-    except Token.DoesNotExist:
-        return AnonymousUser()
-    return token.user if token.user.is_active else AnonymousUser()
+
+def _user_for_token(key: str) -> Any:
+    user = token_user(key)
+    return user if user is not None and user.is_active else AnonymousUser()
 
 
 async def user_for_token(key: str) -> Any:

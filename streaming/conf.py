@@ -72,6 +72,9 @@ DEFAULTS: dict[str, Any] = {
     # one socket may follow at once.
     "WS_MAX_FRAME_CHARS": 64 * 1024,
     "WS_MAX_SUBSCRIPTIONS": 64,
+    # How long a process keeps an API token's user after looking it up (0: never). A
+    # deleted token or a changed user is dropped at once everywhere, through control.
+    "TOKEN_CACHE_SECONDS": 30.0,
     # Titles written by the engine after a conversation's first answer: "auto" (every
     # engine but the simulated one), true or false; the request's size and time limits.
     "TITLES": "auto",

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from streaming import tokens
 from streaming.conf import streaming_settings
 from streaming.control import build_control
 from streaming.engines import build_engines
@@ -61,7 +62,10 @@ class Runtime:
         self._notifying: set[concurrent.futures.Future[None]] = set()
 
     async def _on_control(self, message: dict[str, Any]) -> None:
-        if not self.feed.handles(message):
+        if message.get("type") == tokens.REVOKED:
+            if isinstance(message.get("user"), int):
+                tokens.cache().forget_user(message["user"])
+        elif not self.feed.handles(message):
             await self.generations.on_control(message)
 
     async def ensure_started(self) -> None:
@@ -127,14 +131,23 @@ class Runtime:
     def notify(self, user_id: int, event: dict[str, Any]) -> None:
         """Publish a feed event from any thread without waiting for it (a request thread,
         after its transaction committed); a failure is logged, never the caller's."""
-        future = asyncio.run_coroutine_threadsafe(self.feed.publish(user_id, event), self._loop())
+        self._send_soon(self.feed.publish(user_id, event))
+
+    def revoke_tokens(self, user_id: int) -> None:
+        """Tell every process (this one's included) to drop ``user_id``'s cached tokens,
+        from any thread, without waiting."""
+        message = {"type": tokens.REVOKED, "user": user_id}
+        self._send_soon(self.control.send(f"user:{user_id}", message))
+
+    def _send_soon(self, coro: Coroutine[Any, Any, None]) -> None:
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop())
         self._notifying.add(future)
         future.add_done_callback(self._notified)
 
     def _notified(self, future: concurrent.futures.Future[None]) -> None:
         self._notifying.discard(future)
         if not future.cancelled() and future.exception() is not None:
-            log.warning("feed event not published: %s", future.exception())
+            log.warning("control message not sent: %s", future.exception())
 
     async def cancel(self, message_id: str, reason: str) -> None:
         await self.generations.cancel(message_id, reason)

@@ -1,0 +1,133 @@
+"""API tokens resolved without a database trip on every request, where that is safe.
+
+A token's user is kept in the process for ``TOKEN_CACHE_SECONDS`` after a lookup (never a
+key that was not found: a new token works at once). Revocation is exact up to control's
+delivery: deleting a token, or saving or deleting its user (deactivated, rights changed,
+removed), drops that user's entries here at once and, once the change is committed, in
+every process through control (milliseconds). A lookup that was under way when its user
+was revoked is not kept, so a stale read cannot come back after the revocation. Only a
+process that misses the control message (its Redis connection was down) can keep an entry,
+for ``TOKEN_CACHE_SECONDS`` at most; so can a change made outside Django (plain SQL).
+
+Each hit is a fresh ``User`` built from the cached column values (``Model.from_db``): no
+two requests share an instance.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+# Entries kept at most (least recently used go first).
+MAX_ENTRIES = 10_000
+# The control message that drops a user's entries in every process: {"type", "user"}.
+REVOKED = "tokens_revoked"
+
+
+class TokenCache:
+    def __init__(self, seconds: float, max_entries: int = MAX_ENTRIES) -> None:
+        self.seconds = seconds
+        self.max_entries = max_entries
+        # key -> (expires at, user id, the user's column values)
+        self._entries: OrderedDict[str, tuple[float, int, tuple[Any, ...]]] = OrderedDict()
+        # user id -> when its entries were last dropped (kept for ``seconds``)
+        self._revoked: dict[int, float] = {}
+        self._lock = threading.Lock()
+        # Told a revoked user's id once its change is committed (the runtime sends it to
+        # every process over control).
+        self.broadcast: Callable[[int], None] | None = None
+
+    def user_for(self, key: str) -> Any | None:
+        """The user of token ``key`` (active or not: the caller refuses an inactive one),
+        or None when there is no such token. Synchronous: a database thread calls it, and
+        on a miss it queries."""
+        from django.contrib.auth import get_user_model
+        from rest_framework.authtoken.models import Token
+
+        now = time.monotonic()
+        if self.seconds > 0:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is not None and entry[0] > now:
+                    self._entries.move_to_end(key)
+                    model = get_user_model()
+                    return model.from_db("default", self._fields(model), entry[2])
+        try:
+            token = Token.objects.select_related("user").get(key=key)
+        except Token.DoesNotExist:
+            return None
+        user = token.user
+        if user.is_active and self.seconds > 0:
+            self._keep(key, user, looked_up_at=now)
+        return user
+
+    def _keep(self, key: str, user: Any, looked_up_at: float) -> None:
+        values = tuple(getattr(user, field.attname) for field in user._meta.concrete_fields)
+        with self._lock:
+            if self._revoked.get(user.pk, float("-inf")) >= looked_up_at:
+                return  # revoked while this lookup ran: what it read may be stale
+            self._entries[key] = (looked_up_at + self.seconds, user.pk, values)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    @staticmethod
+    def _fields(model: Any) -> list[str]:
+        return [field.attname for field in model._meta.concrete_fields]
+
+    def forget_user(self, user_id: int) -> None:
+        """Drop every entry of ``user_id`` in this process, and the lookups under way."""
+        now = time.monotonic()
+        with self._lock:
+            self._revoked[user_id] = now
+            for key in [k for k, entry in self._entries.items() if entry[1] == user_id]:
+                del self._entries[key]
+            for uid in [u for u, at in self._revoked.items() if at < now - self.seconds]:
+                del self._revoked[uid]
+
+    def revoked(self, user_id: int) -> None:
+        """A change to ``user_id`` or one of its tokens: forget it here now, and here and
+        everywhere once the change is committed."""
+        from django.db import transaction
+
+        self.forget_user(user_id)
+
+        def committed() -> None:
+            self.forget_user(user_id)
+            if self.broadcast is not None:
+                self.broadcast(user_id)
+
+        transaction.on_commit(committed)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._revoked.clear()
+
+
+_cache: TokenCache | None = None
+_building = threading.Lock()
+
+
+def cache() -> TokenCache:
+    """This process's token cache, built on first use from the settings."""
+    global _cache
+    if _cache is None:
+        with _building:
+            if _cache is None:
+                from streaming.conf import streaming_settings
+
+                _cache = TokenCache(streaming_settings.TOKEN_CACHE_SECONDS)
+    return _cache
+
+
+def token_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
+    cache().revoked(instance.user_id)
+
+
+def user_changed(sender: Any, instance: Any, created: bool = False, **kwargs: Any) -> None:
+    if instance.pk is not None and not created:  # a new user has no entries yet
+        cache().revoked(instance.pk)

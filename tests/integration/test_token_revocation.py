@@ -1,0 +1,55 @@
+"""A deleted API token stops working in every process, through control, long before the
+token cache's lifetime: REST and streams alike, on two Daphne processes and Redis."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from rest_framework.authtoken.models import Token
+
+from tests.support.clients import auth
+
+# The servers' cache lifetime: a refusal well inside it can only be the revocation.
+CACHE_SECONDS = 300
+DEADLINE = 20.0
+
+
+def refused_within(client: httpx.Client, url: str, token: str, deadline: float) -> bool:
+    # Polling: the revocation's arrival in another process is that process's state, which
+    # nothing outside it can await.
+    while time.monotonic() < deadline:
+        if client.get(url, headers=auth(token)).status_code == 401:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_deleted_token_is_refused_by_every_process(daphne, account, needs_redis):
+    env = {"STREAM_TOKEN_CACHE_SECONDS": str(CACHE_SECONDS)}
+    servers = [daphne("a", **env), daphne("b", **env)]
+    clients = [httpx.Client(base_url=server.url, timeout=30) for server in servers]
+    try:
+        for client in clients:
+            for _ in range(2):  # the second is served from that process's cache
+                listed = client.get("/api/conversations/", headers=auth(account.token))
+                assert listed.status_code == 200, listed.text
+        created = clients[0].post(
+            "/api/conversations/", json={"title": "t"}, headers=auth(account.token)
+        )
+        conversation = created.json()["id"]
+        stream_probe = f"/api/conversations/{conversation}/"
+
+        # Deleted here, in the test process: its commit is sent to every process.
+        Token.objects.filter(key=account.token).delete()
+        deadline = time.monotonic() + DEADLINE
+        for client in clients:
+            assert refused_within(client, "/api/conversations/", account.token, deadline)
+            assert client.get(stream_probe, headers=auth(account.token)).status_code == 401
+            stream = client.get(
+                f"/api/messages/{conversation}/stream/", headers=auth(account.token)
+            )
+            assert stream.status_code == 401, "the streams' own authentication, too"
+    finally:
+        for client in clients:
+            client.close()
