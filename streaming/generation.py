@@ -225,11 +225,6 @@ class Generation:
     def reasoning(self) -> str:
         return "".join(self.reasoning_parts)
 
-    @property
-    def seq(self) -> int:
-        """The seq of the last event the log holds."""
-        return self.outbox.seq
-
     def partial(self) -> Partial | None:
         seq = self.outbox.seq
         if seq == self._persisted_seq or self._finalizing:
