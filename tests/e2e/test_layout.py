@@ -11,6 +11,29 @@ from playwright.sync_api import expect
 pytestmark = pytest.mark.e2e
 
 
+def test_an_open_menu_survives_a_refresh_of_the_list(open_chat):
+    """The list refreshing under an open conversation menu (here a rename in another tab,
+    arriving through the feed) keeps the menu open, with focus where it was."""
+    chat = open_chat()
+    page = chat.page
+    chat.ask("keep me", text="one", tokens_per_second=200)
+    expect(page.locator("article.assistant").last).to_have_attribute("data-status", "complete")
+    conversation = page.locator("#conversation-list .conversation").first.get_attribute("data-id")
+    page.get_by_role("button", name="Actions for keep me").click()
+    page.get_by_role("menuitem", name="Delete").focus()
+    renamed = httpx.patch(
+        f"{chat.api_url}/api/conversations/{conversation}/",
+        json={"title": "renamed elsewhere"},
+        headers={"Authorization": f"Token {chat.token}"},
+    )
+    assert renamed.status_code == 200, renamed.text
+    expect(page.locator("#conversation-list .open")).to_have_text(["renamed elsewhere"])
+    expect(page.get_by_role("menuitem", name="Delete")).to_be_focused()
+    expect(page.get_by_role("button", name="Actions for renamed elsewhere")).to_have_attribute(
+        "aria-expanded", "true"
+    )
+
+
 def test_conversations_new_rename_delete_newest_first(open_chat):
     chat = open_chat()
     page = chat.page

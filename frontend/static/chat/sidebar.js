@@ -78,6 +78,11 @@ export class Sidebar {
   }
 
   render() {
+    // A menu open while the list refreshes (a feed event, an answer's end) stays open on
+    // the new entry, keeping focus where it was: it must not vanish under the pointer.
+    const menu = this.openMenu;
+    const reopen = menu?.parentElement?.dataset.id ?? null;
+    const focused = menu ? [...menu.children].indexOf(document.activeElement) : -1;
     this.closeMenu();
     const now = new Date();
     const items = [];
@@ -92,6 +97,8 @@ export class Sidebar {
     }
     if (!this.conversations.length) items.push(el("li", { class: "group empty-list" }, "No conversations"));
     this.list.replaceChildren(...items, this.more);
+    const item = reopen && [...this.list.querySelectorAll(".conversation")].find((li) => li.dataset.id === reopen);
+    if (item) this.showMenu(item, item.querySelector(".menu-button"), this.find(reopen), focused);
   }
 
   select(current) {
@@ -140,7 +147,8 @@ export class Sidebar {
     return item;
   }
 
-  showMenu(item, button, conversation) {
+  /** Open an entry's menu; `focus`: the index of the entry to focus (-1: leave focus). */
+  showMenu(item, button, conversation, focus = 0) {
     this.closeMenu();
     const title = conversation.title || "Untitled";
     const rename = el("button", { type: "button", role: "menuitem", class: "menu-item" }, "Rename");
@@ -173,7 +181,7 @@ export class Sidebar {
     item.append(menu);
     button.setAttribute("aria-expanded", "true");
     this.openMenu = menu;
-    rename.focus();
+    if (focus >= 0) [rename, remove][focus]?.focus();
   }
 
   closeMenu() {
