@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from streaming import statements
 from streaming.models import Message
 
 
@@ -79,19 +80,30 @@ def sibling_ids(conversation_id: Any, parent_id: Any) -> list[str]:
     return [str(i) for i in rows.order_by("created_at", "id").values_list("id", flat=True)]
 
 
+class History:
+    """A conversation's messages, with what a prompt needs (``statements.PROMPT_FIELDS``),
+    and their tree: one query for both the prompt of a new answer and its siblings."""
+
+    def __init__(self, conversation_id: Any) -> None:
+        self.messages = {str(m.id): m for m in statements.messages_of(conversation_id)}
+        self.tree = Tree((key, m.parent_id) for key, m in self.messages.items())
+
+    def path(self, message_id: Any) -> list[Message]:
+        """The messages from the first down to ``message_id``; none for ``None``."""
+        if message_id is None:
+            return []
+        return [self.messages[key] for key in self.tree.path(message_id)]
+
+    def children(self, parent_id: Any) -> list[str]:
+        """The children of ``parent_id`` (roots for ``None``), in creation order."""
+        return list(self.tree.children.get(_id_or_none(parent_id), ()))
+
+
+def _id_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
 def path_messages(conversation_id: Any, message_id: Any) -> list[Message]:
-    """The messages from the conversation's first down to ``message_id`` (role, content,
-    tool calls, parent loaded): the prompt of an answer to ``message_id``, nothing from
-    other branches."""
-    rows = Message.objects.filter(conversation_id=conversation_id).only(
-        "id", "parent_id", "role", "content", "tool_calls", "tool_call_id"
-    )
-    by_id = {str(m.id): m for m in rows}
-    path: list[Message] = []
-    current: str | None = str(message_id)
-    while current is not None:
-        message = by_id[current]
-        path.append(message)
-        current = None if message.parent_id is None else str(message.parent_id)
-    path.reverse()
-    return path
+    """The messages from the conversation's first down to ``message_id``: the prompt of
+    an answer to ``message_id``, nothing from other branches."""
+    return History(conversation_id).path(message_id)

@@ -12,7 +12,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db.models import Exists, OuterRef, QuerySet
 
-from streaming import database
+from streaming import database, statements
 from streaming.auth import resolve_user
 from streaming.branches import Tree, tree_of
 from streaming.engines.base import ModelInfo
@@ -30,11 +30,13 @@ _NOTHING = (ValidationError, ValueError, TypeError)
 def conversation_for(user: Any, conversation_id: Any, *, lock: bool = False) -> Conversation:
     """``lock`` (inside a write's transaction): the conversation's row and its owner's
     (the per-user limit counts under the owner's), in the same query."""
-    queryset = Conversation.objects.filter(owner=user)
-    if lock:
-        queryset = queryset.select_related("owner").select_for_update(of=("self", "owner"))
     try:
-        return queryset.get(id=conversation_id)
+        if lock:
+            found = statements.lock_conversation(user.pk, conversation_id)
+            if found is None:
+                raise Conversation.DoesNotExist
+            return found
+        return Conversation.objects.filter(owner=user).get(id=conversation_id)
     except (Conversation.DoesNotExist, *_NOTHING):
         raise NotFound("conversation not found") from None
 

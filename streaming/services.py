@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import connections, transaction
 from django.db.models import QuerySet
 
-from streaming import database
-from streaming.branches import path_messages, sibling_ids, tree_of
+from streaming import database, statements
+from streaming.branches import History, path_messages, tree_of
 from streaming.conf import streaming_settings
 from streaming.engines.base import ChatTurn, EngineRequest
 from streaming.errors import (
@@ -142,10 +141,7 @@ def _check_capacity(user: Any) -> None:
     """Count the user's streaming answers. The caller holds the lock on the user's row
     (taken by the locking read of ``conversation_for`` or ``message_for``, in the same
     transaction), so concurrent requests in different conversations cannot both pass."""
-    running = Message.objects.filter(
-        conversation__owner=user, role=Message.Role.ASSISTANT, status=Status.STREAMING
-    ).count()
-    if running >= settings.MAX_CONCURRENT_GENERATIONS_PER_USER:
+    if statements.running_answers(user.pk) >= settings.MAX_CONCURRENT_GENERATIONS_PER_USER:
         raise TooManyGenerations(
             f"at most {settings.MAX_CONCURRENT_GENERATIONS_PER_USER} answers may stream at "
             "once; wait for one to end"
@@ -190,28 +186,32 @@ def update_conversation(user: Any, conversation: Conversation, changes: dict[str
 def _start_answer(
     user: Any,
     conversation: Conversation,
-    question: Message,
+    prompt: list[Message],
     params: dict[str, Any],
     model: str,
     grace: float | None,
+    *,
+    new: tuple[Message, ...] = (),
 ) -> tuple[Message, SegmentPlan]:
-    """The streaming answer to ``question`` (its child), made the conversation's current
-    leaf; its prompt is the path down to ``question``; ``model`` answers it. Inside the
-    caller's transaction."""
-    assistant = Message.objects.create(
+    """The streaming answer to the last message of ``prompt`` (the path down to the
+    message it answers), made the conversation's current leaf; ``model`` answers it.
+    ``new``: messages not stored yet (the question, earlier turns), written with the
+    answer in one statement. Inside the caller's transaction."""
+    assistant = Message(
         conversation=conversation,
-        parent=question,
+        parent=prompt[-1],
         role=Message.Role.ASSISTANT,
         status=Status.STREAMING,
         params=params,
         model=model,
     )
-    segment = Segment.objects.create(message=assistant, index=0, first_seq=1, worker=WORKER_ID)
+    statements.insert([*new, assistant])
+    segment = Segment(message=assistant, index=0, first_seq=1, worker=WORKER_ID)
+    statements.insert([segment])
     # The answer describes the message as created: no second read for it.
     assistant._prefetched_objects_cache = {"segments": [segment]}  # type: ignore[attr-defined]
     conversation.current_leaf = assistant
-    conversation.save(update_fields=["title", "title_source", "current_leaf", "updated_at"])
-    history = path_messages(conversation.id, question.id)
+    statements.update(conversation, ["title", "title_source", "current_leaf", "updated_at"])
     plan = SegmentPlan(
         message_id=str(assistant.id),
         conversation_id=str(conversation.id),
@@ -220,7 +220,7 @@ def _start_answer(
         first_seq=1,
         base_text="",
         request=_engine_request(
-            assistant, 0, _turns(conversation, history), params, continue_final=False
+            assistant, 0, _turns(conversation, prompt), params, continue_final=False
         ),
     )
     if grace is not None:
@@ -237,8 +237,8 @@ def _ask(
     tool_call_id: str = "",
 ) -> Message:
     """The message an answer answers: the user's question, or a tool's result (with the
-    call of the model's it answers, in a tool loop)."""
-    question = Message.objects.create(
+    call of the model's it answers, in a tool loop). Not stored yet (``_start_answer``)."""
+    question = Message(
         conversation=conversation,
         parent_id=parent_id,
         role=role,
@@ -267,10 +267,12 @@ def _create_exchange(
         if conversation_id is None:
             # A new conversation, made with its messages or not at all; the owner's row is
             # locked as conversation_for(lock=True) does, for the limit's count.
-            # (the user model's manager: ``user`` may be a session's lazy proxy)
-            get_user_model().objects.select_for_update().filter(pk=user.pk).first()
-            conversation = Conversation.objects.create(owner=user)
+            statements.lock_user(user.pk)
+            conversation = Conversation(owner_id=user.pk)
+            statements.insert([conversation])
             _notify(user.pk, "conversation.created", conversation=str(conversation.id), title="")
+            history: list[Message] = []
+            siblings_before: list[str] = []
         else:
             conversation = conversation_for(user, conversation_id, lock=True)
         _check_capacity(user)
@@ -278,15 +280,23 @@ def _create_exchange(
         params = clean_params(raw_params, model)
         # After the branch shown; the conversation's lock orders concurrent posts.
         parent_id = conversation.current_leaf_id
+        if conversation_id is not None:
+            tree = History(conversation.id)
+            history = tree.path(parent_id)
+            siblings_before = [] if prior else tree.children(parent_id)
+        earlier: list[Message] = []
         for turn in prior:
-            parent_id = Message.objects.create(
-                conversation=conversation,
-                parent_id=parent_id,
-                role=turn.role,
-                content=turn.content,
-                tool_calls=list(turn.tool_calls),
-                tool_call_id=turn.tool_call_id,
-            ).id
+            earlier.append(
+                Message(
+                    conversation=conversation,
+                    parent_id=parent_id,
+                    role=turn.role,
+                    content=turn.content,
+                    tool_calls=list(turn.tool_calls),
+                    tool_call_id=turn.tool_call_id,
+                )
+            )
+            parent_id = earlier[-1].id
         user_message = _ask(
             conversation, parent_id, content, role=asked.role, tool_call_id=asked.tool_call_id
         )
@@ -299,10 +309,18 @@ def _create_exchange(
                 conversation=str(conversation.id),
                 title=conversation.title,
             )
-        assistant, plan = _start_answer(user, conversation, user_message, params, model, grace)
+        assistant, plan = _start_answer(
+            user,
+            conversation,
+            [*history, *earlier, user_message],
+            params,
+            model,
+            grace,
+            new=(*earlier, user_message),
+        )
         _notify_created(user.pk, user_message, assistant)
         siblings = {
-            str(user_message.id): sibling_ids(conversation.id, parent_id),
+            str(user_message.id): [*siblings_before, str(user_message.id)],
             str(assistant.id): [str(assistant.id)],
         }
     return user_message, assistant, plan, siblings
@@ -523,10 +541,12 @@ def _create_regeneration(
         model = old.model or conversation.model or get_runtime().engine.model
         params = old.params if raw_params is None else clean_params(raw_params, model)
         _check_capacity(user)
-        question = Message.objects.get(id=old.parent_id)
-        assistant, plan = _start_answer(user, conversation, question, params, model, None)
+        tree = History(conversation.id)
+        assistant, plan = _start_answer(
+            user, conversation, tree.path(old.parent_id), params, model, None
+        )
         _notify_created(user.pk, None, assistant)
-        siblings = {str(assistant.id): sibling_ids(conversation.id, question.id)}
+        siblings = {str(assistant.id): [*tree.children(old.parent_id), str(assistant.id)]}
     return assistant, plan, siblings
 
 
@@ -551,10 +571,19 @@ def _create_edit(
         conversation = old.conversation
         question = _ask(conversation, old.parent_id, content)
         model = conversation.model or get_runtime().engine.model
-        assistant, plan = _start_answer(user, conversation, question, params, model, None)
+        tree = History(conversation.id)
+        assistant, plan = _start_answer(
+            user,
+            conversation,
+            [*tree.path(old.parent_id), question],
+            params,
+            model,
+            None,
+            new=(question,),
+        )
         _notify_created(user.pk, question, assistant)
         siblings = {
-            str(question.id): sibling_ids(conversation.id, old.parent_id),
+            str(question.id): [*tree.children(old.parent_id), str(question.id)],
             str(assistant.id): [str(assistant.id)],
         }
     return question, assistant, plan, siblings

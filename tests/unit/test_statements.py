@@ -1,0 +1,114 @@
+"""The creation path's hand-built statements store and read what the ORM would, on the
+database the suite runs on (PostgreSQL in CI, SQLite without ``DATABASE_URL``)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import Model
+from django.db.models.signals import post_save, pre_save
+
+from streaming import statements
+from streaming.models import Conversation, Message, Segment
+from streaming.termination import Status
+
+pytestmark = pytest.mark.django_db
+STAMPS = ("created_at", "updated_at", "started_at")
+
+
+def stored(obj: Model) -> dict[str, Any]:
+    """The row as the ORM reads it back, without the columns that differ by nature."""
+    row = type(obj).objects.filter(pk=obj.pk).values().get()
+    return {k: v for k, v in row.items() if k not in ("id", *STAMPS)}
+
+
+@pytest.fixture
+def conversation() -> Conversation:
+    return Conversation.objects.create(owner=User.objects.create_user("ann"), title="t")
+
+
+def test_no_receiver_listens_to_the_saves_these_statements_skip() -> None:
+    for model in (Conversation, Message, Segment):
+        for signal in (pre_save, post_save):
+            assert not signal.has_listeners(model), f"{signal} has a receiver for {model}"
+
+
+def test_an_insert_stores_what_create_stores(conversation: Conversation) -> None:
+    fields = {
+        "conversation": conversation,
+        "role": Message.Role.ASSISTANT,
+        "content": "Hé 日本 🚀",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f"}}],
+        "params": {"max_tokens": 5, "stop": ["\n"]},
+        "status": Status.STREAMING,
+        "model": "m",
+    }
+    by_orm = Message.objects.create(**fields)
+    question = Message(conversation=conversation, role=Message.Role.USER, content="q")
+    answer = Message(**{**fields, "parent": question})
+    statements.insert([question, answer])
+    assert not answer._state.adding
+    assert stored(answer) == {**stored(by_orm), "parent_id": question.id}
+    back = Message.objects.get(pk=answer.pk)
+    assert back.created_at == answer.created_at and back.created_at is not None
+    assert back.created_at >= Message.objects.get(pk=question.pk).created_at
+
+
+def test_an_insert_reads_back_an_automatic_key(conversation: Conversation) -> None:
+    answer = Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT)
+    segment = Segment(message=answer, index=0, first_seq=1, worker="w")
+    statements.insert([segment])
+    assert segment.pk == Segment.objects.get(message=answer).pk
+    by_orm = Segment.objects.create(message=answer, index=1, first_seq=1, worker="w")
+    assert stored(segment) == {**stored(by_orm), "index": 0}
+
+
+def test_an_update_is_save_with_update_fields(conversation: Conversation) -> None:
+    leaf = Message.objects.create(conversation=conversation, role=Message.Role.USER)
+    before = conversation.updated_at
+    conversation.title, conversation.current_leaf, conversation.model = "new", leaf, "unsaved"
+    statements.update(conversation, ["title", "current_leaf", "updated_at"])
+    back = Conversation.objects.get(pk=conversation.pk)
+    assert (back.title, back.current_leaf_id, back.model) == ("new", leaf.id, "")
+    assert back.updated_at == conversation.updated_at > before
+
+
+def test_the_lock_finds_only_the_owners_conversation(conversation: Conversation) -> None:
+    other = User.objects.create_user("bob")
+    with transaction.atomic():
+        found = statements.lock_conversation(conversation.owner_id, conversation.id)
+        assert found == conversation and found.title == "t"
+        assert found.created_at == conversation.created_at
+        assert statements.lock_conversation(other.pk, conversation.id) is None
+        assert statements.lock_conversation(conversation.owner_id, uuid.uuid4()) is None
+
+
+def test_running_answers_counts_the_owners_streaming_answers(conversation: Conversation) -> None:
+    owner = conversation.owner_id
+    Message.objects.create(conversation=conversation, role="assistant", status=Status.STREAMING)
+    Message.objects.create(conversation=conversation, role="assistant", status=Status.COMPLETE)
+    Message.objects.create(conversation=conversation, role="user", status=Status.STREAMING)
+    elsewhere = Conversation.objects.create(owner=User.objects.create_user("bob"))
+    Message.objects.create(conversation=elsewhere, role="assistant", status=Status.STREAMING)
+    assert statements.running_answers(owner) == 1
+
+
+def test_messages_of_a_conversation_come_oldest_first_with_their_prompt_fields(
+    conversation: Conversation,
+) -> None:
+    first = Message.objects.create(conversation=conversation, role="user", content="a")
+    call = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    second = Message.objects.create(
+        conversation=conversation, parent=first, role="assistant", tool_calls=call
+    )
+    Message.objects.create(conversation=Conversation.objects.create(owner=conversation.owner))
+    rows = statements.messages_of(conversation.id)
+    assert [(m.id, m.parent_id, m.role) for m in rows] == [
+        (first.id, None, "user"),
+        (second.id, first.id, "assistant"),
+    ]
+    assert rows[1].tool_calls == call and rows[0].content == "a"
