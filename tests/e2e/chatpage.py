@@ -67,6 +67,9 @@ class ChatPage:
             self.simulate(**simulation)
         box = page.get_by_label("Message", exact=True)
         box.fill(content)
+        # As a person would: Enter sends only once Send is back (the previous answer in
+        # this conversation has ended, its last text can come before its end).
+        expect(page.get_by_role("button", name="Send")).to_be_enabled()
         if tap_send:
             page.get_by_role("button", name="Send").click()
         else:
