@@ -19,7 +19,7 @@ from its start and needs no row locks.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from django.contrib.auth import get_user_model
@@ -102,25 +102,37 @@ def insert(objs: Sequence[M]) -> None:
 
 @functools.cache
 def _update_sql(
-    model: type[Model], alias: str, names: tuple[str, ...]
-) -> tuple[str, list[Field[Any, Any]]]:
+    model: type[Model], alias: str, names: tuple[str, ...], keys: tuple[str, ...]
+) -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]]:
     connection = connections[alias]
-    fields = [_field(model, name) for name in names]
     assignments = ", ".join(f"{_column(connection, model, name)} = %s" for name in names)
-    pk = _column(connection, model, "pk")
-    return f"UPDATE {_table(connection, model)} SET {assignments} WHERE {pk} = %s", fields
+    where = " AND ".join(f"{_column(connection, model, key)} = %s" for key in keys)
+    sql = f"UPDATE {_table(connection, model)} SET {assignments} WHERE {where}"
+    return sql, [_field(model, n) for n in names], [_field(model, k) for k in keys]
+
+
+def update_rows(model: type[Model], values: Mapping[str, Any], **where: Any) -> int:
+    """``model.objects.filter(**where).update(**values)`` for equality filters, in one
+    statement; the number of rows changed. As with ``update()``, an ``auto_now`` field
+    changes only when given."""
+    alias, connection = _connection(model)
+    sql, fields, keys = _update_sql(model, alias, tuple(values), tuple(where))
+    params = [
+        f.get_db_prep_save(v, connection) for f, v in zip(fields, values.values(), strict=True)
+    ]
+    params += [
+        f.get_db_prep_value(v, connection) for f, v in zip(keys, where.values(), strict=True)
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
 
 
 def update(obj: Model, names: Sequence[str]) -> None:
     """``obj.save(update_fields=names)`` in one statement (an ``auto_now`` field among
     ``names`` gets the time now, as ``save`` gives it)."""
     model = type(obj)
-    alias, connection = _connection(model)
-    sql, fields = _update_sql(model, alias, tuple(names))
-    params = [f.get_db_prep_save(f.pre_save(obj, False), connection) for f in fields]
-    params.append(_field(model, "pk").get_db_prep_value(obj.pk, connection))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    update_rows(model, {n: _field(model, n).pre_save(obj, False) for n in names}, pk=obj.pk)
 
 
 # --- reads in the creating transaction ----------------------------------------------------

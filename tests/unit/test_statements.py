@@ -112,3 +112,17 @@ def test_messages_of_a_conversation_come_oldest_first_with_their_prompt_fields(
         (second.id, first.id, "assistant"),
     ]
     assert rows[1].tool_calls == call and rows[0].content == "a"
+
+
+def test_update_rows_is_a_filtered_update(conversation: Conversation) -> None:
+    answer = Message.objects.create(conversation=conversation, role="assistant")
+    Segment.objects.create(message=answer, index=0, status=Status.STREAMING)
+    Segment.objects.create(message=answer, index=1, status=Status.COMPLETE)
+    changes = {"status": Status.CANCELLED, "tool_calls": [{"id": "c"}], "stop_reason": None}
+    assert statements.update_rows(Segment, changes, message_id=answer.id, index=0) == 1
+    assert statements.update_rows(Segment, changes, message_id=answer.id, status="x") == 0
+    rows = Segment.objects.filter(message=answer).order_by("index")
+    assert [(s.status, s.tool_calls, s.stop_reason) for s in rows] == [
+        (Status.CANCELLED, [{"id": "c"}], None),
+        (Status.COMPLETE, [], None),
+    ]
