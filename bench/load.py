@@ -148,55 +148,69 @@ class Tracker:
 
 
 async def _sse(plan: StreamPlan, result: StreamResult) -> None:
+    """A stream read over SSE. A new answer is asked for in one request, as the chat page
+    asks (``Accept: text/event-stream`` on the POST: the stream is its response, the
+    created ids its first event); a resume is a GET of the stream with ``Last-Event-ID``."""
     http = await Http.open(plan.host, plan.port, plan.rcvbuf)
     tracker = Tracker(result)
+    headers = {"Authorization": f"Token {plan.token}", "Accept": "text/event-stream"}
     try:
         if plan.message_id:
             result.sent_at = result.accepted_at = time.time()
             result.message_id = plan.message_id
+            http.send("GET", f"/api/messages/{plan.message_id}/stream/", headers)
+            head = await _stream_head(http)
         else:
+            body = json.dumps({"content": plan.content, "params": _params(plan)}).encode()
             async with _Creating():
                 result.sent_at = time.time()
-                answer = await http.json(
+                http.send(
                     "POST",
                     f"/api/conversations/{plan.conversation}/messages/",
-                    plan.token,
-                    {"content": plan.content, "params": _params(plan)},
+                    {**headers, "Content-Type": "application/json"},
+                    body,
                 )
-            result.accepted_at = time.time()
-            result.message_id = answer["message"]["id"]
-        path = f"/api/messages/{result.message_id}/stream/"
-        if await _read_sse(http, plan, path, tracker, None):
+                head = await _stream_head(http)
+        if head is None or await _read_sse(http, plan, head, tracker, None):
             await _hold(plan)
             return
         # DISCONNECT / RESUME: the connection was closed after act_after deltas.
         if plan.action == RESUME:
             result.resume_started_at = time.time()
             http = await Http.open(plan.host, plan.port)
-            await _read_sse(http, plan, path, tracker, tracker.seq)
+            resume = {**headers, "Last-Event-ID": str(tracker.seq)}
+            http.send("GET", f"/api/messages/{result.message_id}/stream/", resume)
+            head = await _stream_head(http)
+            if head is not None:
+                await _read_sse(http, plan, head, tracker, tracker.seq)
     finally:
         http.close()
         result.text = "".join(tracker.parts)
 
 
-async def _read_sse(
-    http: Http, plan: StreamPlan, path: str, tracker: Tracker, after: int | None
-) -> bool:
-    """Read a stream; True when it reached ``done`` (or was given up on purpose)."""
-    headers = {"Authorization": f"Token {plan.token}", "Accept": "text/event-stream"}
-    if after is not None:
-        headers["Last-Event-ID"] = str(after)
-    http.send("GET", path, headers)
+async def _stream_head(http: Http) -> dict[str, str] | None:
+    """The head of a stream's response; None for a 204 (nothing more to read)."""
     status, head = await http.head()
     if status == 204:
-        return True
+        return None
     if status != 200:
         raise HttpError(status, b"")
+    return head
+
+
+async def _read_sse(
+    http: Http, plan: StreamPlan, head: dict[str, str], tracker: Tracker, after: int | None
+) -> bool:
+    """Read a stream; True when it reached ``done`` (or was given up on purpose)."""
     result = tracker.result
     buffer = bytearray()
     acting = after is None and plan.action != READ
     async for data, at in http.body(head):
         for event in sse_events(buffer, data):
+            if "message" in event and "type" not in event:  # the one-step `created` event
+                result.accepted_at = at
+                result.message_id = event["message"]["id"]
+                continue
             if after is not None and not result.resumed_first_at:
                 result.resumed_first_at = at
             if tracker.event(event, at):
