@@ -26,13 +26,17 @@ Event = dict[str, Any]
 
 class Logged(dict[str, Any]):
     """An event as the log holds it, with its compact JSON (``encoded``). Not to be
-    changed: the encoding is what readers are sent."""
+    changed: the encoding is what readers are sent.
+
+    The encoding is kept as long as the event (a topic's tail, the in-memory log), so it
+    is a right-sized copy: orjson's own result keeps the whole buffer it wrote into
+    (4 KiB for a 70-byte event) however short the JSON is."""
 
     __slots__ = ("encoded",)
 
     def __init__(self, event: Event, encoded: bytes | None = None) -> None:
         super().__init__(event)
-        self.encoded = orjson.dumps(event) if encoded is None else encoded
+        self.encoded = bytes(memoryview(orjson.dumps(event))) if encoded is None else encoded
 
 
 START = "start"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 from streaming import events
 
@@ -85,3 +86,19 @@ def test_merge_joins_the_pieces_of_one_tool_call():
         },
         {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
     ]
+
+
+def test_a_logged_events_encoding_takes_the_memory_of_its_length():
+    """A topic's tail and the in-memory log keep encodings for as long as the events:
+    each must cost its length, not the encoder's working buffer."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        kept = [events.Logged(events.delta(i, "lorem ")) for i in range(1000)]
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    one = len(kept[0].encoded)
+    # The event's dict and its bytes, with room for the allocator: far from 4 KiB each.
+    assert grown / len(kept) < 1024, f"{grown / len(kept):.0f} bytes per event of {one}"
