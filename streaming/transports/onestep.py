@@ -85,35 +85,21 @@ class OneStepAnswers:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
         if not wants_stream(scope):
             return await self.django(scope, receive, send)
+        state = await self._create(scope, receive, send)
+        if state is not None:
+            await self._stream(state, receive, send)
+
+    async def _create(self, scope: dict[str, Any], receive: Any, send: Any) -> MessageState | None:
+        """Django's answer, sent as it is unless it started an answer: then the stream's
+        head and its ``created`` event are sent, and the answer's state is returned.
+        Nothing of the 201 outlives this call (the stream can last minutes)."""
         capture = _Capture(send)
         await self.django(_as_json_request(scope), receive, capture)
         if not capture.holding:
-            return
-        created = capture.started_answer()
-        if created is None:  # a 201 of something else: as Django wrote it
-            await send({"type": "http.response.start", "status": 201, "headers": capture.headers})
-            await send({"type": "http.response.body", "body": bytes(capture.body)})
-            return
-        await self._stream(created, capture.headers, receive, send)
+            return None
+        return await _open(capture, send)
 
-    async def _stream(
-        self, created: dict[str, Any], headers: list[tuple[bytes, bytes]], receive: Any, send: Any
-    ) -> None:
-        kept = [(k, v) for k, v in headers if k.lower() not in BODY_HEADERS]
-        await send(
-            {"type": "http.response.start", "status": 200, "headers": [*STREAM_HEADERS, *kept]}
-        )
-        opening = eventstream.retry(streaming_settings.RETRY_MS)
-        opening += eventstream.named("created", created)
-        await send({"type": "http.response.body", "body": opening, "more_body": True})
-        # The answer was created for this caller a moment ago: its state is known.
-        message = created["message"]
-        state = MessageState(
-            id=message["id"],
-            status=message.get("status", Status.STREAMING.value),
-            last_seq=message.get("last_seq", 0),
-            termination=message.get("termination") or {},
-        )
+    async def _stream(self, state: MessageState, receive: Any, send: Any) -> None:
         subscription = selectors.subscription(state, 0, "sse", SendBuffer(send))
         streaming = asyncio.create_task(send_events(subscription, frame_send(send)))
         gone = asyncio.create_task(_disconnected(receive))
@@ -128,6 +114,29 @@ class OneStepAnswers:
         if not gone.cancelled() and gone.done():
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _open(capture: _Capture, send: Any) -> MessageState | None:
+    """Send the 201 as Django wrote it when it started nothing (``None``), else the
+    stream's head and its ``created`` event (the started answer's state)."""
+    created = capture.started_answer()
+    if created is None:  # a 201 of something else: as Django wrote it
+        await send({"type": "http.response.start", "status": 201, "headers": capture.headers})
+        await send({"type": "http.response.body", "body": bytes(capture.body)})
+        return None
+    kept = [(k, v) for k, v in capture.headers if k.lower() not in BODY_HEADERS]
+    await send({"type": "http.response.start", "status": 200, "headers": [*STREAM_HEADERS, *kept]})
+    opening = eventstream.retry(streaming_settings.RETRY_MS)
+    opening += eventstream.named("created", created)
+    await send({"type": "http.response.body", "body": opening, "more_body": True})
+    # The answer was created for this caller a moment ago: its state is known.
+    message = created["message"]
+    return MessageState(
+        id=message["id"],
+        status=message.get("status", Status.STREAMING.value),
+        last_seq=message.get("last_seq", 0),
+        termination=message.get("termination") or {},
+    )
 
 
 async def _disconnected(receive: Any) -> None:
