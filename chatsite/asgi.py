@@ -9,7 +9,6 @@ and token rules).
 import asyncio
 import os
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
@@ -21,7 +20,6 @@ from django.core.asgi import get_asgi_application
 
 django_asgi_app = get_asgi_application()
 
-from asgiref.sync import ThreadSensitiveContext  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.sessions import SessionMiddlewareStack  # noqa: E402
 from django.conf import settings  # noqa: E402
@@ -58,33 +56,23 @@ class StartRuntime:
 
 class Bounded:
     """At most ``settings.REQUEST_CONCURRENCY`` requests inside ``inner`` at once; the rest
-    wait as coroutines, in arrival order.
-
-    Each request runs its synchronous part (middleware, view) in a thread of its own for
-    its whole length, as Django requires; the threads are kept and lent to one request
-    at a time instead of Django starting (and stopping) a thread per request."""
+    wait as coroutines, in arrival order."""
 
     def __init__(self, inner: Any, limit: int) -> None:
         self.inner = inner
         self.limit = limit
-        # event loop -> its semaphore and idle threads (tests run several loops)
-        self.gates: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, tuple[asyncio.Semaphore, list[ThreadPoolExecutor]]
-        ] = weakref.WeakKeyDictionary()
+        # event loop -> its semaphore (tests run several loops)
+        self.gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
         loop = asyncio.get_running_loop()
         gate = self.gates.get(loop)
         if gate is None:
-            gate = self.gates[loop] = (asyncio.Semaphore(self.limit), [])
-        semaphore, idle = gate
-        async with semaphore:
-            thread = idle.pop() if idle else ThreadPoolExecutor(1, thread_name_prefix="request")
-            try:
-                async with ThreadSensitiveContext(executor=thread):
-                    return await self.inner(scope, receive, send)
-            finally:
-                idle.append(thread)
+            gate = self.gates[loop] = asyncio.Semaphore(self.limit)
+        async with gate:
+            return await self.inner(scope, receive, send)
 
 
 application = StartRuntime(

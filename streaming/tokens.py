@@ -15,7 +15,6 @@ two requests share an instance.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections import OrderedDict
@@ -56,11 +55,11 @@ class TokenCache:
                     self._entries.move_to_end(key)
                     model = get_user_model()
                     return model.from_db("default", self._fields(model), entry[2])
-        model = get_user_model()
-        found = list(model.objects.raw(_token_user_sql(model, Token), [key]))
-        if not found:
+        try:
+            token = Token.objects.select_related("user").get(key=key)
+        except Token.DoesNotExist:
             return None
-        user = found[0]
+        user = token.user
         if user.is_active and self.seconds > 0:
             self._keep(key, user, looked_up_at=now)
         return user
@@ -132,19 +131,3 @@ def token_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
 def user_changed(sender: Any, instance: Any, created: bool = False, **kwargs: Any) -> None:
     if instance.pk is not None and not created:  # a new user has no entries yet
         cache().revoked(instance.pk)
-
-
-@functools.cache
-def _token_user_sql(user: Any, token: Any) -> str:
-    """The user of a token key, in one statement built once (the ORM's ``select_related``
-    query cost several times its round trip to compile, on every miss)."""
-    from django.db import connection
-
-    q = connection.ops.quote_name
-    users, tokens = q(user._meta.db_table), q(token._meta.db_table)
-    user_key = q(user._meta.pk.column)
-    token_user, token_key = q(token._meta.get_field("user").column), q(token._meta.pk.column)
-    return (
-        f"SELECT {users}.* FROM {users} INNER JOIN {tokens}"
-        f" ON {tokens}.{token_user} = {users}.{user_key} WHERE {tokens}.{token_key} = %s"
-    )

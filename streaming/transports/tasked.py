@@ -13,10 +13,10 @@ import contextlib
 from collections.abc import Coroutine
 from typing import Any
 
-from streaming.transports.consumers import HttpConsumer
+from channels.generic.http import AsyncHttpConsumer
 
 
-class TaskedHttpConsumer(HttpConsumer):
+class TaskedHttpConsumer(AsyncHttpConsumer):
     task: asyncio.Task[None] | None = None
 
     def respond_in_task(self, response: Coroutine[Any, Any, None]) -> None:

@@ -23,6 +23,8 @@ import math
 import time
 from typing import Any
 
+from channels.generic.websocket import AsyncWebsocketConsumer
+
 from streaming import database, events, selectors
 from streaming.auth import resolve_user, user_for_token
 from streaming.conf import streaming_settings
@@ -39,7 +41,6 @@ from streaming.services import (
     regenerate_message,
 )
 from streaming.storable import is_storable
-from streaming.transports.consumers import WebsocketConsumer
 from streaming.transports.daphne import SendBuffer, frame_send
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class FrameError(Exception):
         self.ref = ref
 
 
-class ChatConsumer(WebsocketConsumer):
+class ChatConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         # Accept first; the user is resolved meanwhile and awaited by the first frame.
         self.user: Any = None
