@@ -12,7 +12,8 @@
 //
 // Rendering is incremental: every block before the last is complete once a later block
 // has started, so it is rendered once and kept; only the last, unfinished block is parsed
-// again as text arrives (the caller asks at most once per animation frame). Kept blocks
+// again as text arrives (the caller asks at most once per animation frame), and its new
+// nodes are patched into the ones shown, so only what changed is laid out again. Kept blocks
 // go into groups of `KEPT_GROUP` (`.kept`), which the style sheet lays out and paints only
 // while near the viewport (`content-visibility`), so a frame costs about the same at the
 // end of a long answer as at its start. A code block still open while streaming is its text only, updated in
@@ -166,11 +167,13 @@ function renderTokens(tokens) {
  * so the cursor sits right after the last character (inside an open code block's last
  * line, after a list's last word), not on a line of its own below it.
  */
-function cursorHost(block) {
+function cursorHost(block, cursor) {
   let host = block;
   for (;;) {
     let last = host.lastChild;
-    while (last && last.nodeType === Node.TEXT_NODE && last.data.trim() === "") last = last.previousSibling;
+    while (last && (last === cursor || (last.nodeType === Node.TEXT_NODE && last.data.trim() === ""))) {
+      last = last.previousSibling;
+    }
     if (!last || last.nodeType !== Node.ELEMENT_NODE || last.matches("button, br, input, .code-head, .katex")) {
       return host;
     }
@@ -208,8 +211,8 @@ export async function copyWithFeedback(button, text) {
 /**
  * Renders a growing markdown text into a container. Blocks before the last are rendered
  * once and kept (their nodes, focus, selection, a pressed Copy button stay); the last block
- * is parsed and rebuilt on each update. While `streaming`, a cursor (an empty element: it
- * adds nothing to the text) follows the last character.
+ * is parsed on each update and patched into its nodes. While `streaming`, a cursor (an
+ * empty element: it adds nothing to the text) follows the last character.
  */
 export class MarkdownView {
   constructor(container) {
@@ -236,7 +239,6 @@ export class MarkdownView {
   update(text, streaming = false) {
     const source = text.replace(/\r\n?/g, "\n");
     if (!source.startsWith(this.kept)) this.reset();
-    this.cursor.remove();
     const lexer = new Lexer(marked.defaults);
     Object.assign(lexer.tokens.links, this.links);
     const tokens = lexer.lex(source.slice(this.kept.length));
@@ -246,10 +248,13 @@ export class MarkdownView {
     const rest = last >= 0 ? tokens.slice(last) : [];
     const open = streaming && rest.length === 1 && rest[0].type === "code" && openFence(rest[0].raw);
     const reuse = open && kept.length === 0 && this.open?.lang === (rest[0].lang || "");
-    if (!reuse) {
+    // Without a block completed, the last block's new nodes are patched into the ones on
+    // the page (below), so what did not change is neither rebuilt nor laid out again.
+    const patch = !open && kept.length === 0;
+    if (!reuse && !patch) {
       for (const node of this.tail) node.remove();
-      this.open = null;
     }
+    if (!reuse) this.open = null;
     for (const token of kept) {
       if (!this.group || this.group.childElementCount >= KEPT_GROUP) {
         this.group = el("div", { class: "kept" });
@@ -263,13 +268,59 @@ export class MarkdownView {
       this.open ??= openCodeBlock(rest[0].lang || "");
       this.open.text.data = rest[0].text;
       this.tail = [this.open.node];
+    } else if (patch) {
+      this.tail = patchNodes(this.container, this.tail, renderTokens(rest), this.cursor);
     } else {
       this.tail = renderTokens(rest);
     }
-    if (!reuse) this.container.append(...this.tail);
+    if (!reuse && !patch) this.container.append(...this.tail);
+    // The cursor stays where it is when its place did not change: moving it restarts its
+    // blink, which costs a style and paint pass of its own every frame.
     const end = this.container.lastElementChild;
-    if (streaming && end) cursorHost(end).append(this.cursor);
+    const host = streaming && end ? cursorHost(end, this.cursor) : null;
+    if (!host) this.cursor.remove();
+    else if (host.lastChild !== this.cursor) host.append(this.cursor);
   }
+}
+
+function sameElement(a, b) {
+  if (a.nodeName !== b.nodeName || a.attributes.length !== b.attributes.length) return false;
+  for (const { name, value } of b.attributes) if (a.getAttribute(name) !== value) return false;
+  return true;
+}
+
+/**
+ * Makes `nodes` (children of `parent` on the page, in order, at its end) show what
+ * `fresh` (sanitised nodes not on the page) shows, and returns the nodes now there. A text
+ * node takes the new text; an element of the same name and attributes is kept and its
+ * children patched the same way; anything else is replaced by the fresh node. So only
+ * what changed is laid out and painted again, and the unchanged nodes keep their state
+ * (a selection in them). `skip` (the cursor) is left out of the comparison.
+ */
+function patchNodes(parent, nodes, fresh, skip) {
+  const kept = [];
+  const count = Math.max(nodes.length, fresh.length);
+  for (let i = 0; i < count; i += 1) {
+    const old = nodes[i];
+    const now = fresh[i];
+    if (!now) {
+      old.remove();
+    } else if (!old) {
+      parent.insertBefore(now, skip?.parentNode === parent ? skip : null);
+      kept.push(now);
+    } else if (old.nodeType === Node.TEXT_NODE && now.nodeType === Node.TEXT_NODE) {
+      if (old.data !== now.data) old.data = now.data;
+      kept.push(old);
+    } else if (old.nodeType === Node.ELEMENT_NODE && now.nodeType === Node.ELEMENT_NODE && sameElement(old, now)) {
+      const children = [...old.childNodes].filter((node) => node !== skip);
+      patchNodes(old, children, [...now.childNodes], skip);
+      kept.push(old);
+    } else {
+      old.replaceWith(now);
+      kept.push(now);
+    }
+  }
+  return kept;
 }
 
 /**
