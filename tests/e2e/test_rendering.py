@@ -167,6 +167,35 @@ def test_tables_lists_quotes_code_and_math_render_from_an_answer(open_chat):
     assert chat.errors == []
 
 
+# An element's shape: its name, its attributes in name order, its text and its children.
+SHAPE = """root => {
+  const shape = (node) => node.nodeType === Node.TEXT_NODE ? JSON.stringify(node.data)
+    : node.nodeType !== Node.ELEMENT_NODE ? ""
+    : `<${node.localName} ${[...node.attributes].map((a) => `${a.name}=${a.value}`).sort()}>`
+      + `${[...node.childNodes].map(shape).join("")}</${node.localName}>`;
+  return shape(root);
+}"""
+
+
+def test_a_streamed_answer_ends_as_the_stored_answer_renders_at_once(open_chat):
+    """While it streams, the last block is patched into its nodes, a completed block stays
+    where it was shown, and its code is highlighted then: the end is what a reload shows."""
+    chat = open_chat()
+    answer = chat.ask("format it three times", text="\n\n".join([GFM] * 3), tokens_per_second=400)
+    expect(answer).to_have_attribute("data-status", "complete", timeout=20_000)
+    content = chat.content(answer)
+    expect(content.locator(".code-block code .hljs-keyword")).to_have_count(6)
+    assert content.locator(".blocks.kept").count() >= 1  # more blocks than one group holds
+    streamed = content.evaluate(SHAPE)
+
+    chat.page.reload()
+    chat.wait_ready()
+    again = chat.content(chat.page.locator("article.message.assistant").last)
+    expect(again.locator(".code-block")).to_have_count(3)
+    assert again.evaluate(SHAPE) == streamed
+    assert chat.errors == []
+
+
 def test_markdown_subset_and_an_unclosed_fence_while_cut_off(open_chat):
     chat = open_chat()
     # 30 tokens end inside the code block: it must render as an open code block.

@@ -237,7 +237,8 @@ export class AssistantBubble {
 
   render() {
     this.pending = false;
-    this.markdown.update(this.text, this.status === "streaming");
+    // The view may leave the start of the next block for the next frame.
+    if (this.markdown.update(this.text, this.status === "streaming")) this.scheduleRender();
     if (this.actions.rendered) this.actions.rendered(this);
   }
 }

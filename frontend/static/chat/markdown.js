@@ -13,12 +13,14 @@
 // Rendering is incremental: every block before the last is complete once a later block
 // has started, so it is rendered once and kept; only the last, unfinished block is parsed
 // again as text arrives (the caller asks at most once per animation frame), and its new
-// nodes are patched into the ones shown, so only what changed is laid out again. Kept blocks
-// go into groups of `KEPT_GROUP` (`.kept`), which the style sheet lays out and paints only
-// while near the viewport (`content-visibility`), so a frame costs about the same at the
-// end of a long answer as at its start. A code block still open while streaming is its text only, updated in
-// place; it is highlighted once, when its fence closes (re-highlighting the whole block on
-// every frame was the largest cost of a long code block).
+// nodes are patched into the ones shown, so only what changed is laid out and painted
+// again. Blocks go into groups of `KEPT_GROUP`; a full group (`.kept`) is laid out and
+// painted only while near the viewport (`content-visibility`), so a frame costs about the
+// same at the end of a long answer as at its start. The last block is shown at the end of
+// the open group, so when it completes its nodes stay where they are. A code block still
+// open while streaming is its text only, updated in place; it is highlighted once, when
+// its fence closes (re-highlighting the whole block on every frame was the largest cost of
+// a long code block).
 
 import DOMPurify from "../vendor/dompurify/dist/purify.es.mjs";
 import hljs from "../vendor/@highlightjs/cdn-assets/es/highlight.min.js";
@@ -231,11 +233,17 @@ export class MarkdownView {
     this.container.replaceChildren();
     this.kept = ""; // the source of the kept blocks: a prefix of every later text
     this.links = {}; // reference-style link definitions seen in kept blocks
-    this.tail = []; // the nodes of the last block
+    this.tail = []; // the nodes of the last block, at the end of the open group
     this.open = null; // the last block while it is a code block still open: {node, text}
-    this.group = null; // the group kept blocks are added to
+    this.group = null; // the open group: the last kept blocks, then the last block
+    this.blocks = 0; // kept blocks in the open group
   }
 
+  /**
+   * Shows `text`. Returns true when it left part of it for the next frame: a block
+   * completed, and the next block's first characters wait one frame (the caller asks for
+   * that frame), so that a frame where a block completes does no more than any other.
+   */
   update(text, streaming = false) {
     const source = text.replace(/\r\n?/g, "\n");
     if (!source.startsWith(this.kept)) this.reset();
@@ -246,45 +254,64 @@ export class MarkdownView {
     while (last > 0 && tokens[last].type === "space") last -= 1;
     const kept = tokens.slice(0, Math.max(last, 0));
     const rest = last >= 0 ? tokens.slice(last) : [];
-    const open = streaming && rest.length === 1 && rest[0].type === "code" && openFence(rest[0].raw);
-    const reuse = open && kept.length === 0 && this.open?.lang === (rest[0].lang || "");
-    // Without a block completed, the last block's new nodes are patched into the ones on
-    // the page (below), so what did not change is neither rebuilt nor laid out again.
-    const patch = !open && kept.length === 0;
-    if (!reuse && !patch) {
-      for (const node of this.tail) node.remove();
-    }
-    if (!reuse) this.open = null;
+    // A completed block is what the last block's nodes showed, with its last characters:
+    // they are patched where they are, so they are not built or laid out again.
     for (const token of kept) {
-      if (!this.group || this.group.childElementCount >= KEPT_GROUP) {
-        this.group = el("div", { class: "kept" });
-        this.container.append(this.group);
-      }
-      this.group.append(...renderTokens([token]));
+      this.place(renderTokens([token]));
+      this.tail = [];
+      this.blocks += 1;
       this.kept += token.raw;
     }
     Object.assign(this.links, tokens.links);
-    if (open) {
-      this.open ??= openCodeBlock(rest[0].lang || "");
+    const deferred = streaming && kept.length > 0 && rest.length > 0;
+    if (deferred) {
+      this.tail = [];
+    } else if (streaming && rest.length === 1 && rest[0].type === "code" && openFence(rest[0].raw)) {
+      const lang = rest[0].lang || "";
+      if (!(this.open && this.tail[0] === this.open.node && this.open.lang === lang)) {
+        this.open = openCodeBlock(lang);
+        this.place([this.open.node], false);
+      }
       this.open.text.data = rest[0].text;
-      this.tail = [this.open.node];
-    } else if (patch) {
-      this.tail = patchNodes(this.container, this.tail, renderTokens(rest), this.cursor);
     } else {
-      this.tail = renderTokens(rest);
+      this.place(renderTokens(rest));
     }
-    if (!reuse && !patch) this.container.append(...this.tail);
+    if (this.tail[0] !== this.open?.node) this.open = null;
     // The cursor stays where it is when its place did not change: moving it restarts its
-    // blink, which costs a style and paint pass of its own every frame.
+    // blink, which costs a style and paint pass of its own.
     const end = this.container.lastElementChild;
     const host = streaming && end ? cursorHost(end, this.cursor) : null;
     if (!host) this.cursor.remove();
     else if (host.lastChild !== this.cursor) host.append(this.cursor);
+    return deferred;
+  }
+
+  /**
+   * Puts `nodes` (sanitised, not on the page) where the last block is shown, patching
+   * the nodes shown there (`patch`) or replacing them, and makes them the last block's.
+   * A block starting when the open group is full starts the next group: the full one is
+   * kept (`.kept`), laid out and painted only near the viewport from then on.
+   */
+  place(nodes, patch = true) {
+    if (!patch) {
+      for (const node of this.tail) node.remove();
+      this.tail = [];
+    }
+    if (this.tail.length === 0) {
+      if (nodes.length === 0) return;
+      if (!this.group || this.blocks >= KEPT_GROUP) {
+        this.group?.classList.add("kept");
+        this.group = el("div", { class: "blocks" });
+        this.container.append(this.group);
+        this.blocks = 0;
+      }
+    }
+    this.tail = patchNodes(this.group, this.tail, nodes, this.cursor);
   }
 }
 
-function sameElement(a, b) {
-  if (a.nodeName !== b.nodeName || a.attributes.length !== b.attributes.length) return false;
+function sameAttributes(a, b) {
+  if (a.attributes.length !== b.attributes.length) return false;
   for (const { name, value } of b.attributes) if (a.getAttribute(name) !== value) return false;
   return true;
 }
@@ -292,13 +319,14 @@ function sameElement(a, b) {
 /**
  * Makes `nodes` (children of `parent` on the page, in order, at its end) show what
  * `fresh` (sanitised nodes not on the page) shows, and returns the nodes now there. A text
- * node takes the new text; an element of the same name and attributes is kept and its
- * children patched the same way; anything else is replaced by the fresh node. So only
- * what changed is laid out and painted again, and the unchanged nodes keep their state
- * (a selection in them). `skip` (the cursor) is left out of the comparison.
+ * node takes the new text; an element of the same name is kept, takes the new element's
+ * attributes (HTML elements only: others must have the same ones) and has its children
+ * patched the same way; anything else is replaced by the fresh node. So what did not
+ * change is neither built nor laid out again, and keeps its state (a selection in it).
+ * `skip` (the cursor) is left out of the comparison, and stays last.
  */
 function patchNodes(parent, nodes, fresh, skip) {
-  const kept = [];
+  const shown = [];
   const count = Math.max(nodes.length, fresh.length);
   for (let i = 0; i < count; i += 1) {
     const old = nodes[i];
@@ -306,22 +334,32 @@ function patchNodes(parent, nodes, fresh, skip) {
     if (!now) {
       old.remove();
     } else if (!old) {
-      parent.insertBefore(now, skip?.parentNode === parent ? skip : null);
-      kept.push(now);
+      parent.insertBefore(now, skip.parentNode === parent ? skip : null);
+      shown.push(now);
     } else if (old.nodeType === Node.TEXT_NODE && now.nodeType === Node.TEXT_NODE) {
       if (old.data !== now.data) old.data = now.data;
-      kept.push(old);
-    } else if (old.nodeType === Node.ELEMENT_NODE && now.nodeType === Node.ELEMENT_NODE && sameElement(old, now)) {
+      shown.push(old);
+    } else if (
+      old.nodeType === Node.ELEMENT_NODE &&
+      old.nodeName === now.nodeName &&
+      (old.namespaceURI === XHTML ? now.namespaceURI === XHTML : sameAttributes(old, now))
+    ) {
+      if (!sameAttributes(old, now)) {
+        for (const name of old.getAttributeNames()) if (!now.hasAttribute(name)) old.removeAttribute(name);
+        for (const { name, value } of now.attributes) old.setAttribute(name, value);
+      }
       const children = [...old.childNodes].filter((node) => node !== skip);
       patchNodes(old, children, [...now.childNodes], skip);
-      kept.push(old);
+      shown.push(old);
     } else {
       old.replaceWith(now);
-      kept.push(now);
+      shown.push(now);
     }
   }
-  return kept;
+  return shown;
 }
+
+const XHTML = "http://www.w3.org/1999/xhtml";
 
 /**
  * A code block whose fence is still open, built as nodes with its text as a text node (so
