@@ -140,9 +140,9 @@ DOMPurify.addHook("uponSanitizeElement", (node, data) => {
   }
 });
 
-// Kept blocks per group: few enough that a group is about a screen, many enough that the
+// Blocks per group: few enough that a group is about a screen, many enough that the
 // answer has a few dozen children, not hundreds, to lay out and to watch for visibility.
-const KEPT_GROUP = 16;
+const KEPT_GROUP = 8;
 
 const TEXT_BLOCKS = "p, li, h1, h2, h3, h4, h5, h6, blockquote, td, th, dt, dd";
 
@@ -258,8 +258,8 @@ export class MarkdownView {
     // they are patched where they are, so they are not built or laid out again.
     for (const token of kept) {
       this.place(renderTokens([token]));
+      if (this.tail.length > 0) this.blocks += 1; // a blank line or a link definition shows nothing
       this.tail = [];
-      this.blocks += 1;
       this.kept += token.raw;
     }
     Object.assign(this.links, tokens.links);
