@@ -271,8 +271,6 @@ def _create_exchange(
             conversation = Conversation(owner_id=user.pk)
             statements.insert([conversation])
             _notify(user.pk, "conversation.created", conversation=str(conversation.id), title="")
-            history: list[Message] = []
-            siblings_before: list[str] = []
         else:
             conversation = conversation_for(user, conversation_id, lock=True)
         _check_capacity(user)
@@ -280,6 +278,9 @@ def _create_exchange(
         params = clean_params(raw_params, model)
         # After the branch shown; the conversation's lock orders concurrent posts.
         parent_id = conversation.current_leaf_id
+        # The path down to it (the prompt so far) and the messages the question joins.
+        history: list[Message] = []
+        siblings_before: list[str] = []
         if conversation_id is not None:
             tree = History(conversation.id)
             history = tree.path(parent_id)
