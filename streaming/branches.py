@@ -38,9 +38,13 @@ class Tree:
         path.reverse()
         return path
 
+    def children_of(self, parent_id: Any) -> list[str]:
+        """The children of ``parent_id`` (roots for ``None``), in creation order."""
+        return list(self.children.get(None if parent_id is None else str(parent_id), ()))
+
     def siblings(self, message_id: Any) -> list[str]:
         """The messages sharing ``message_id``'s parent, in creation order, itself included."""
-        return list(self.children[self.parents[str(message_id)]])
+        return self.children_of(self.parents[str(message_id)])
 
     def leaf_below(self, message_id: Any) -> str:
         """The end of the branch through ``message_id``: down its latest children."""
@@ -95,12 +99,7 @@ class History:
         return [self.messages[key] for key in self.tree.path(message_id)]
 
     def children(self, parent_id: Any) -> list[str]:
-        """The children of ``parent_id`` (roots for ``None``), in creation order."""
-        return list(self.tree.children.get(_id_or_none(parent_id), ()))
-
-
-def _id_or_none(value: Any) -> str | None:
-    return None if value is None else str(value)
+        return self.tree.children_of(parent_id)
 
 
 def path_messages(conversation_id: Any, message_id: Any) -> list[Message]:
