@@ -45,7 +45,7 @@ from streaming.persistence import Partial, finalize_segment
 from streaming.presence import Presence
 from streaming.stops import StopFilter
 from streaming.storable import storable
-from streaming.streamlog import SeqConflict, StreamLog
+from streaming.streamlog import LogLost, SeqConflict, StreamLog
 from streaming.termination import Status, Termination
 
 log = logging.getLogger(__name__)
@@ -239,7 +239,25 @@ class Generation:
         )
 
     async def _write(self, batch: list[events.Event]) -> None:
-        await self.backends.log.append(self.message_id, batch)
+        """Append ``batch``; every batch after the segment's first must follow on from what
+        the log holds. When the log lost its tail (Redis restarted empty), the recent events
+        this process still holds (the hub keeps a tail beyond its slowest local reader) go
+        back in first, so a reader in another process following close behind the writer
+        misses nothing; one further behind than that tail gets the log's ``resume_gap``."""
+        log_ = self.backends.log
+        contiguous = batch[0]["seq"] > self.plan.first_seq
+        try:
+            await log_.append(self.message_id, batch, contiguous=contiguous)
+        except LogLost as lost:
+            held = self.backends.hub.newer_than(self.message_id, lost.have)
+            resumed = held[0]["seq"] if held else batch[0]["seq"]
+            log.warning(
+                "the event log lost this answer's events after seq %d; put back from seq %d%s",
+                lost.have,
+                resumed,
+                "" if resumed == lost.have + 1 else f" (events {lost.have + 1}-{resumed - 1} gone)",
+            )
+            await log_.append(self.message_id, held + batch)
 
     def _written(self, batch: list[events.Event]) -> None:
         """A batch is in the log: it is part of the answer now, and local readers get it."""

@@ -3,6 +3,10 @@
 A message's log is a sequence of events with strictly increasing ``seq``. ``append`` with a
 seq that is not above the last one raises ``SeqConflict``: that is what makes the reaper's
 terminal event exactly-once when two processes race to finish the same segment.
+A ``contiguous`` append is the writer saying the log must already hold the event before
+it; a log that lost its tail (a Redis restarted empty, a failover to a replica that had
+not caught up) refuses it with ``LogLost`` instead of leaving a silent hole, so the
+writer can put back what it still holds first.
 
 ``follow`` replays everything after a cursor, then yields new batches as they are appended,
 and ends with the batch whose last event is a ``done``: a reader's stream covers one
@@ -40,9 +44,23 @@ class SeqConflict(Exception):
     """An event with this seq (or a later one) is already in the log."""
 
 
+class LogLost(Exception):
+    """The log no longer holds the event before a ``contiguous`` append; ``have`` is the
+    seq of the newest event it does hold (0: none). Nothing of the append was written."""
+
+    def __init__(self, message_id: str, have: int) -> None:
+        super().__init__(f"the log of {message_id} lost its events after seq {have}")
+        self.have = have
+
+
 class StreamLog(abc.ABC):
     @abc.abstractmethod
-    async def append(self, message_id: str, events: list[Event]) -> None: ...
+    async def append(
+        self, message_id: str, events: list[Event], *, contiguous: bool = False
+    ) -> None:
+        """Add ``events`` (seqs increasing, above the log's last: else ``SeqConflict``).
+        When ``contiguous``, the log must hold seq ``events[0]["seq"] - 1``: else
+        ``LogLost``, and nothing is added."""
 
     @abc.abstractmethod
     async def read(self, message_id: str, after: int = 0, limit: int | None = None) -> list[Event]:

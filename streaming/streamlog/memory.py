@@ -14,7 +14,13 @@ from collections.abc import AsyncIterator
 
 from streaming.conf import streaming_settings
 from streaming.events import DONE, Event
-from streaming.streamlog.base import TOMBSTONE_SECONDS, SeqConflict, StreamLog, deleted_done
+from streaming.streamlog.base import (
+    TOMBSTONE_SECONDS,
+    LogLost,
+    SeqConflict,
+    StreamLog,
+    deleted_done,
+)
 
 
 class _Entry:
@@ -53,10 +59,14 @@ class MemoryStreamLog(StreamLog):
             else:
                 return
 
-    async def append(self, message_id: str, events: list[Event]) -> None:
+    async def append(
+        self, message_id: str, events: list[Event], *, contiguous: bool = False
+    ) -> None:
         entry = self._entry(message_id, create=True)
         assert entry is not None
         last = entry.events[-1]["seq"] if entry.events else 0
+        if contiguous and events and last < events[0]["seq"] - 1:
+            raise LogLost(message_id, last)
         for event in events:
             if event["seq"] <= last:
                 raise SeqConflict(f"seq {event['seq']} <= {last} in {message_id}")

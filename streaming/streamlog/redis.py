@@ -33,7 +33,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streaming.conf import streaming_settings
 from streaming.events import DONE, START, Event, Logged, decode, encode
-from streaming.streamlog.base import TOMBSTONE_SECONDS, SeqConflict, StreamLog, deleted_done
+from streaming.streamlog.base import (
+    TOMBSTONE_SECONDS,
+    LogLost,
+    SeqConflict,
+    StreamLog,
+    deleted_done,
+)
 
 KEY_PREFIX = "chat:log:"
 RETRY_FIRST_DELAY = 0.05
@@ -44,27 +50,57 @@ log = logging.getLogger(__name__)
 
 # KEYS[i] is the log of event i. ARGV: the TTL for a finished log, the TTL for a live one,
 # one letter per event ("d": a `done`, sets the finished TTL; "s": a `start`, sets the live
-# TTL; "-": neither), then (entry id, payload) per event. Each XADD is applied or fails on
-# its own (pcall); the reply lists, per event, "" or the error's message.
+# TTL; "-": neither), one letter per event ("c": the first of a contiguous append, whose
+# log must hold the seq before it; "-": no check), then (entry id, payload) per event.
+# Each XADD is applied or fails on its own (pcall); the reply lists, per event, "" or the
+# error's message, or "lost <seq>" for every event of an append whose log lost its tail
+# (none of them is added; <seq> is the newest the log holds).
 APPEND_SCRIPT = """
 local out = {}
 local kinds = ARGV[3]
+local checks = ARGV[4]
+local lost_key = nil
+local lost = ''
 for i = 1, #KEYS do
-  local added = redis.pcall('XADD', KEYS[i], ARGV[2 * i + 2], 'e', ARGV[2 * i + 3])
-  if type(added) == 'table' and added.err then
-    out[i] = added.err
-  else
-    out[i] = ''
+  local key = KEYS[i]
+  local id = ARGV[2 * i + 3]
+  if string.sub(checks, i, i) == 'c' then
+    lost_key = nil
+    local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
+    local have = 0
+    if newest then
+      have = tonumber(string.match(newest[1], '^%d+'))
+    end
+    if have < tonumber(string.match(id, '^%d+')) - 1 then
+      lost_key = key
+      lost = 'lost ' .. have
+    end
+  elseif lost_key ~= key then
+    lost_key = nil
   end
-  local kind = string.sub(kinds, i, i)
-  if kind == 'd' then
-    redis.call('EXPIRE', KEYS[i], ARGV[1])
-  elseif kind == 's' then
-    redis.call('EXPIRE', KEYS[i], ARGV[2])
+  if lost_key == key then
+    out[i] = lost
+  else
+    local added = redis.pcall('XADD', key, id, 'e', ARGV[2 * i + 4])
+    if type(added) == 'table' and added.err then
+      out[i] = added.err
+    else
+      out[i] = ''
+    end
+    local kind = string.sub(kinds, i, i)
+    if kind == 'd' then
+      redis.call('EXPIRE', key, ARGV[1])
+    elseif kind == 's' then
+      redis.call('EXPIRE', key, ARGV[2])
+    end
   end
 end
 return out
 """
+
+
+# One queued append: the message, its events, its waiter, whether it is ``contiguous``.
+_Append = tuple[str, list[Event], asyncio.Future[None], bool]
 
 
 def stream_key(message_id: str) -> str:
@@ -119,14 +155,16 @@ class RedisStreamLog(StreamLog):
             socket_connect_timeout=5,
         )
         self._append = self._redis.register_script(APPEND_SCRIPT)
-        self._queue: list[tuple[str, list[Event], asyncio.Future[None]]] = []
+        self._queue: list[_Append] = []
         # Whether the last batch carried the appends of more than one message.
         self._shared = True
         self._flusher: asyncio.Task[None] | None = None
 
-    async def append(self, message_id: str, events: list[Event]) -> None:
+    async def append(
+        self, message_id: str, events: list[Event], *, contiguous: bool = False
+    ) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((message_id, events, future))
+        self._queue.append((message_id, events, future, contiguous))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_loop())
         await future
@@ -141,15 +179,15 @@ class RedisStreamLog(StreamLog):
             else:
                 await asyncio.sleep(0)  # let the appends of this loop turn join the batch
             batch, self._queue = self._queue, []
-            self._shared = len({message_id for message_id, _, _ in batch}) > 1
+            self._shared = len({append[0] for append in batch}) > 1
             try:
                 results = await self._send_until_reachable(batch)
             except Exception as exc:  # unreachable for too long: every waiter learns it
-                for _mid, _events, future in batch:
+                for _mid, _events, future, _contiguous in batch:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            for (_mid, _events, future), error in zip(batch, results, strict=True):
+            for (_mid, _events, future, _contiguous), error in zip(batch, results, strict=True):
                 if future.done():
                     continue
                 if error is None:
@@ -157,9 +195,7 @@ class RedisStreamLog(StreamLog):
                 else:
                     future.set_exception(error)
 
-    async def _send_until_reachable(
-        self, batch: list[tuple[str, list[Event], asyncio.Future[None]]]
-    ) -> list[Exception | None]:
+    async def _send_until_reachable(self, batch: list[_Append]) -> list[Exception | None]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.unavailable_retry_seconds
         delay = RETRY_FIRST_DELAY
@@ -176,35 +212,42 @@ class RedisStreamLog(StreamLog):
                 delay = min(delay * 2, RETRY_MAX_DELAY)
                 retry = True
 
-    async def _send(
-        self, batch: list[tuple[str, list[Event], asyncio.Future[None]]], retry: bool = False
-    ) -> list[Exception | None]:
+    async def _send(self, batch: list[_Append], retry: bool = False) -> list[Exception | None]:
         """One script call for the batch. On a ``retry`` an event Redis already holds was
-        applied by the attempt whose connection failed, so it counts as appended."""
+        applied by the attempt whose connection failed, so it counts as appended (and
+        satisfies a ``contiguous`` check: the check sees it there)."""
         keys: list[str] = []
         kinds: list[str] = []
+        checks: list[str] = []
         entries: list[str | bytes] = []
         spans: list[int] = []
-        for message_id, events, _future in batch:
+        for message_id, events, _future, contiguous in batch:
             key = stream_key(message_id)
+            check = "c" if contiguous else "-"
             for event in events:
                 keys.append(key)
                 kind = event["type"]
                 kinds.append("d" if kind == DONE else "s" if kind == START else "-")
+                checks.append(check)
+                check = "-"
                 entries += (_entry_id(event["seq"]), encode(event))
             spans.append(len(events))
         # A live log outlives any generation; a finished one is kept for resumes.
         ttl = streaming_settings.LOG_TTL
-        replies = await self._append(keys=keys, args=[ttl, ttl * 2, "".join(kinds), *entries])
+        replies = await self._append(
+            keys=keys, args=[ttl, ttl * 2, "".join(kinds), "".join(checks), *entries]
+        )
         results: list[Exception | None] = []
         position = 0
-        for span in spans:
+        for (message_id, *_), span in zip(batch, spans, strict=True):
             error: Exception | None = None
             for reply in replies[position : position + span]:
                 if not reply:
                     continue
                 text = reply.decode() if isinstance(reply, bytes) else str(reply)
-                if "equal or smaller" not in text:
+                if text.startswith("lost "):
+                    error = LogLost(message_id, int(text[5:]))
+                elif "equal or smaller" not in text:
                     error = ResponseError(text)
                 elif not retry:
                     error = SeqConflict(text)

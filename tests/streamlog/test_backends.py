@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from streaming import events
-from streaming.streamlog import SeqConflict, StreamLog
+from streaming.streamlog import LogLost, SeqConflict, StreamLog
 from streaming.streamlog.memory import MemoryStreamLog
 
 pytestmark = pytest.mark.asyncio
@@ -82,6 +82,32 @@ async def test_duplicate_or_older_seq_is_rejected(log: StreamLog):
     with pytest.raises(SeqConflict):
         await log.append(mid, [events.done(2, segment=0, termination={"status": "x"})])
     assert await log.last_seq(mid) == 2
+
+
+async def test_a_contiguous_append_is_refused_where_the_log_lost_its_tail(log: StreamLog):
+    """The writer's check against a store that restarted empty or came back behind: the
+    refusal says what the log holds and adds nothing, and an append of another message
+    sharing the same round trip is unaffected."""
+    lost, kept = str(uuid.uuid4()), str(uuid.uuid4())
+    await log.append(lost, deltas(1, 3))
+    await log.append(kept, deltas(1, 3))
+    await log.append(lost, deltas(4, 1), contiguous=True)
+    results = await asyncio.gather(
+        log.append(lost, deltas(7, 2), contiguous=True),
+        log.append(kept, deltas(4, 2), contiguous=True),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], LogLost) and results[0].have == 4
+    assert results[1] is None
+    assert await log.last_seq(lost) == 4
+    assert [e["seq"] for e in await log.read(kept, 0)] == [1, 2, 3, 4, 5]
+    await log.delete(lost)
+    with pytest.raises(LogLost) as refused:
+        await log.append(lost, deltas(9, 1), contiguous=True)
+    assert refused.value.have == 0
+    assert await log.read(lost, 0) == []
+    await log.append(lost, deltas(5, 5))  # what the writer still holds, then the rest
+    assert [e["seq"] for e in await log.read(lost, 0)] == [5, 6, 7, 8, 9]
 
 
 async def test_concurrent_appends_keep_order_per_message(log: StreamLog):

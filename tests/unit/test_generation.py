@@ -496,6 +496,51 @@ async def test_a_cancel_never_cuts_an_event(answer: Answer, backend: str) -> Non
     assert after.reached.is_set() and run.engine.steps_run == 4, "ended in the next wait"
 
 
+@pytest.mark.skipif(not REDIS_URL, reason="needs REDIS_URL")
+async def test_a_log_that_lost_its_tail_gets_back_what_this_process_holds(
+    answer: Answer,
+) -> None:
+    """Redis restarting empty between two appends: the next append finds the log short,
+    the generation puts back the events its hub still holds, and both a reader in this
+    process and one following the log from another process get every event once; the log
+    is whole again and the record matches it."""
+    import redis.asyncio as aioredis
+
+    from streaming.streamlog.redis import stream_key
+
+    log, other_log = redis_log(), redis_log()
+    raw = aioredis.Redis.from_url(REDIS_URL)
+    paused = Gate()
+    try:
+        run = await launch(answer, [chunk("one "), chunk("two "), paused, chunk("three")], log=log)
+        remote = Hub(other_log)
+        caught_up = asyncio.Event()
+        remote_got: list[events.Event] = []
+
+        async def follow_remotely() -> None:
+            async for batch in remote.read(run.message_id, 0):
+                assert batch is not None
+                remote_got.extend(batch)
+                if remote_got[-1]["seq"] >= await log.last_seq(run.message_id):
+                    caught_up.set()
+
+        following = asyncio.create_task(follow_remotely())
+        await asyncio.wait_for(paused.reached.wait(), HANG)
+        await asyncio.wait_for(run.generation.outbox.drain(), HANG)
+        await asyncio.wait_for(caught_up.wait(), HANG)
+        assert await raw.delete(stream_key(run.message_id)) == 1  # the restart's effect
+        paused.open()
+        logged = await finish(run)
+        await asyncio.wait_for(following, HANG)
+    finally:
+        await log.delete(answer.message_id)
+        await raw.aclose()
+        await log.close()
+        await other_log.close()
+    assert "".join(texts(logged)) == "one two three"
+    assert remote_got == logged, "the other process's reader got every event once"
+
+
 class HeldLog(MemoryStreamLog):
     """A log whose appends wait while ``gate`` is closed (a slow Redis); ``entered`` is
     set when an append is waiting there."""
@@ -506,11 +551,13 @@ class HeldLog(MemoryStreamLog):
         self.entered = asyncio.Event()
         self.appends = 0
 
-    async def append(self, message_id: str, batch: list[events.Event]) -> None:
+    async def append(
+        self, message_id: str, batch: list[events.Event], *, contiguous: bool = False
+    ) -> None:
         self.appends += 1
         self.entered.set()
         await self.gate.wait()
-        await super().append(message_id, batch)
+        await super().append(message_id, batch, contiguous=contiguous)
 
 
 async def test_a_slow_log_never_holds_up_the_engine(answer: Answer) -> None:
