@@ -203,6 +203,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # A field that refuses "" says so (minLength 1), so the schema admits what is accepted.
+    "ENFORCE_NON_BLANK_FIELDS": True,
 }
 
 # --- streaming: one dict, documented key by key in docs/configuration.md -------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.utils.translation import gettext_lazy as _
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
@@ -38,3 +39,18 @@ AUTHENTICATION_CLASSES = [
     BearerTokenAuthentication,
     SessionAuthentication,
 ]
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """The schema's name for ``Bearer`` tokens: DRF's token scheme is ``tokenAuth``, and two
+    schemes of one name would leave one of them undescribed."""
+
+    target_class = BearerTokenAuthentication
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "the same API token as `Authorization: Token <key>`",
+        }
