@@ -221,7 +221,7 @@ def run(
             page.wait_for_function("window.benchEnded", timeout=(chars / 2 + 120) * 1000)
             seconds = time.monotonic() - started
             status = page.evaluate("window.benchEnded")
-            shown = page.locator("article.assistant .content").inner_text()
+            shown = page.locator("article.assistant .content").evaluate("e => e.textContent")
             raw = browser.stop_tracing()
             browser.close()
     finally:
