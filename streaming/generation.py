@@ -239,25 +239,12 @@ class Generation:
         )
 
     async def _write(self, batch: list[events.Event]) -> None:
-        """Append ``batch``; every batch after the segment's first must follow on from what
-        the log holds. When the log lost its tail (Redis restarted empty), the recent events
-        this process still holds (the hub keeps a tail beyond its slowest local reader) go
-        back in first, so a reader in another process following close behind the writer
-        misses nothing; one further behind than that tail gets the log's ``resume_gap``."""
-        log_ = self.backends.log
-        contiguous = batch[0]["seq"] > self.plan.first_seq
-        try:
-            await log_.append(self.message_id, batch, contiguous=contiguous)
-        except LogLost as lost:
-            held = self.backends.hub.newer_than(self.message_id, lost.have)
-            resumed = held[0]["seq"] if held else batch[0]["seq"]
-            log.warning(
-                "the event log lost this answer's events after seq %d; put back from seq %d%s",
-                lost.have,
-                resumed,
-                "" if resumed == lost.have + 1 else f" (events {lost.have + 1}-{resumed - 1} gone)",
-            )
-            await log_.append(self.message_id, held + batch)
+        """Every batch after the segment's first must follow on from what the log holds."""
+        backends = self.backends
+        if batch[0]["seq"] > self.plan.first_seq:
+            await append_following(backends.log, backends.hub, self.message_id, batch)
+        else:
+            await backends.log.append(self.message_id, batch)
 
     def _written(self, batch: list[events.Event]) -> None:
         """A batch is in the log: it is part of the answer now, and local readers get it."""
@@ -563,12 +550,35 @@ class Generation:
                 delay = min(delay * 2, 2.0)
 
 
+async def append_following(
+    stream_log: StreamLog, hub: Hub, message_id: str, batch: list[events.Event]
+) -> None:
+    """Append ``batch`` after the event before it. When the log lost its tail (Redis
+    restarted empty), the recent events this process still holds (the hub keeps a tail
+    beyond its slowest local reader) go back in first, so a reader in another process
+    following close behind the writer misses nothing; one further behind than that tail
+    gets the log's ``resume_gap``."""
+    try:
+        await stream_log.append(message_id, batch, contiguous=True)
+    except LogLost as lost:
+        held = hub.newer_than(message_id, lost.have)
+        held = [e for e in held if e["seq"] < batch[0]["seq"]]
+        resumed = held[0]["seq"] if held else batch[0]["seq"]
+        log.warning(
+            "the event log lost this answer's events after seq %d; put back from seq %d%s",
+            lost.have,
+            resumed,
+            "" if resumed == lost.have + 1 else f" (events {lost.have + 1}-{resumed - 1} gone)",
+        )
+        await stream_log.append(message_id, held + batch)
+
+
 async def end_log(stream_log: StreamLog, hub: Hub, message_id: str, done: events.Event) -> None:
     """Append a segment's terminal ``done`` (its owner, the one whose final record was
     written, calls this), publish it to local readers and start the log's expiry. A log
     that already holds a later event keeps it: the ``done`` is exactly-once by seq."""
     try:
-        await stream_log.append(message_id, [done])
+        await append_following(stream_log, hub, message_id, [done])
         hub.publish(message_id, [done])
     except SeqConflict:
         log.warning("the log of %s already had a later event than its done", message_id)

@@ -497,11 +497,13 @@ async def test_a_cancel_never_cuts_an_event(answer: Answer, backend: str) -> Non
 
 
 @pytest.mark.skipif(not REDIS_URL, reason="needs REDIS_URL")
+@pytest.mark.parametrize("lost_before", ["a delta", "the done"])
 async def test_a_log_that_lost_its_tail_gets_back_what_this_process_holds(
-    answer: Answer,
+    answer: Answer, lost_before: str
 ) -> None:
-    """Redis restarting empty between two appends: the next append finds the log short,
-    the generation puts back the events its hub still holds, and both a reader in this
+    """Redis restarting empty between two appends (before a delta: the outbox's next
+    write; before the done: the terminal append): the append finds the log short, the
+    generation puts back the events its hub still holds, and both a reader in this
     process and one following the log from another process get every event once; the log
     is whole again and the record matches it."""
     import redis.asyncio as aioredis
@@ -511,8 +513,11 @@ async def test_a_log_that_lost_its_tail_gets_back_what_this_process_holds(
     log, other_log = redis_log(), redis_log()
     raw = aioredis.Redis.from_url(REDIS_URL)
     paused = Gate()
+    script: list[Step] = [chunk("one "), chunk("two "), paused, chunk("three")]
+    if lost_before == "the done":
+        script = [chunk("one "), chunk("two "), chunk("three"), paused]
     try:
-        run = await launch(answer, [chunk("one "), chunk("two "), paused, chunk("three")], log=log)
+        run = await launch(answer, script, log=log)
         remote = Hub(other_log)
         caught_up = asyncio.Event()
         remote_got: list[events.Event] = []
