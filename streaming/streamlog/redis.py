@@ -66,14 +66,20 @@ for i = 1, #KEYS do
   local id = ARGV[2 * i + 3]
   if string.sub(checks, i, i) == 'c' then
     lost_key = nil
-    local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
-    local have = 0
-    if newest then
-      have = tonumber(string.match(newest[1], '^%d+'))
-    end
-    if have < tonumber(string.match(id, '^%d+')) - 1 then
-      lost_key = key
-      lost = 'lost ' .. have
+    local want = tonumber(string.match(id, '^%d+')) - 1
+    -- Seqs are distinct and positive, so a log of `want` entries or more holds a seq of
+    -- `want` or above: one cheap count answers for every log that is whole from seq 1;
+    -- only the others are asked for their newest entry.
+    if redis.call('XLEN', key) < want then
+      local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
+      local have = 0
+      if newest then
+        have = tonumber(string.match(newest[1], '^%d+'))
+      end
+      if have < want then
+        lost_key = key
+        lost = 'lost ' .. have
+      end
     end
   elseif lost_key ~= key then
     lost_key = nil
@@ -223,13 +229,13 @@ class RedisStreamLog(StreamLog):
         spans: list[int] = []
         for message_id, events, _future, contiguous in batch:
             key = stream_key(message_id)
-            check = "c" if contiguous else "-"
+            checks.append("c" if contiguous else "-")
+            if len(events) > 1:
+                checks.append("-" * (len(events) - 1))
             for event in events:
                 keys.append(key)
                 kind = event["type"]
                 kinds.append("d" if kind == DONE else "s" if kind == START else "-")
-                checks.append(check)
-                check = "-"
                 entries += (_entry_id(event["seq"]), encode(event))
             spans.append(len(events))
         # A live log outlives any generation; a finished one is kept for resumes.
@@ -239,7 +245,7 @@ class RedisStreamLog(StreamLog):
         )
         results: list[Exception | None] = []
         position = 0
-        for (message_id, *_), span in zip(batch, spans, strict=True):
+        for (message_id, _events, _future, _contiguous), span in zip(batch, spans, strict=True):
             error: Exception | None = None
             for reply in replies[position : position + span]:
                 if not reply:
