@@ -22,13 +22,14 @@ keep their cursor and resume reading when Redis answers again.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streaming.conf import streaming_settings
@@ -109,6 +110,16 @@ return out
 _Append = tuple[str, list[Event], asyncio.Future[None], bool]
 
 
+def _bulk(data: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%b\r\n" % (len(data), data)
+
+
+_EVALSHA = _bulk(b"EVALSHA")
+_EVAL = _bulk(b"EVAL")
+_SCRIPT = _bulk(APPEND_SCRIPT.encode())
+
+
 def stream_key(message_id: str) -> str:
     return f"{KEY_PREFIX}{message_id}"
 
@@ -160,7 +171,7 @@ class RedisStreamLog(StreamLog):
             socket_timeout=follow_block_ms / 1000 + 10,
             socket_connect_timeout=5,
         )
-        self._append = self._redis.register_script(APPEND_SCRIPT)
+        self._sha = _bulk(hashlib.sha1(APPEND_SCRIPT.encode()).hexdigest().encode())
         self._queue: list[_Append] = []
         # Whether the last batch carried the appends of more than one message.
         self._shared = True
@@ -222,13 +233,13 @@ class RedisStreamLog(StreamLog):
         """One script call for the batch. On a ``retry`` an event Redis already holds was
         applied by the attempt whose connection failed, so it counts as appended (and
         satisfies a ``contiguous`` check: the check sees it there)."""
-        keys: list[str] = []
+        keys: list[bytes] = []
         kinds: list[str] = []
         checks: list[str] = []
-        entries: list[str | bytes] = []
+        entries: list[bytes] = []
         spans: list[int] = []
         for message_id, events, _future, contiguous in batch:
-            key = stream_key(message_id)
+            key = _bulk(stream_key(message_id).encode())
             checks.append("c" if contiguous else "-")
             if len(events) > 1:
                 checks.append("-" * (len(events) - 1))
@@ -236,13 +247,24 @@ class RedisStreamLog(StreamLog):
                 keys.append(key)
                 kind = event["type"]
                 kinds.append("d" if kind == DONE else "s" if kind == START else "-")
-                entries += (_entry_id(event["seq"]), encode(event))
+                entry = b"%d-1" % event["seq"]
+                payload = encode(event)
+                entries.append(
+                    b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(entry), entry, len(payload), payload)
+                )
             spans.append(len(events))
         # A live log outlives any generation; a finished one is kept for resumes.
         ttl = streaming_settings.LOG_TTL
-        replies = await self._append(
-            keys=keys, args=[ttl, ttl * 2, "".join(kinds), "".join(checks), *entries]
-        )
+        args = [
+            _bulk(b"%d" % len(keys)),
+            *keys,
+            _bulk(b"%d" % ttl),
+            _bulk(b"%d" % (ttl * 2)),
+            _bulk("".join(kinds).encode()),
+            _bulk("".join(checks).encode()),
+            *entries,
+        ]
+        replies = await self._call_script(args, 2 + len(args) + len(entries))
         results: list[Exception | None] = []
         position = 0
         for (message_id, _events, _future, _contiguous), span in zip(batch, spans, strict=True):
@@ -263,6 +285,36 @@ class RedisStreamLog(StreamLog):
             results.append(error)
             position += span
         return results
+
+    async def _call_script(self, args: list[bytes], argc: int) -> Any:
+        """``APPEND_SCRIPT`` with ``args`` (packed RESP bulk strings after the script;
+        ``argc`` arguments in all), by its SHA, or whole when Redis does not have it (a
+        restarted Redis has no scripts).
+
+        Packed here and sent on a pooled connection: redis-py's command packing encodes
+        every argument on its own, which was most of an append's client-side cost. And
+        no retry inside the client: only ``_send_until_reachable`` knows that a batch sent
+        again may find its events already there."""
+        pool = self._redis.connection_pool
+        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            try:
+                await connection.send_packed_command(
+                    b"".join([b"*%d\r\n" % argc, _EVALSHA, self._sha, *args])
+                )
+                return await connection.read_response()
+            except NoScriptError:
+                await connection.send_packed_command(
+                    b"".join([b"*%d\r\n" % argc, _EVAL, _SCRIPT, *args])
+                )
+                return await connection.read_response()
+        except ResponseError:
+            raise
+        except BaseException:
+            await connection.disconnect()
+            raise
+        finally:
+            await pool.release(connection)
 
     async def read(self, message_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
         entries: Any = await self._redis.xrange(

@@ -158,3 +158,23 @@ async def test_followers_of_a_deleted_log_end_with_a_terminal_event(log: StreamL
     late = await asyncio.wait_for(follow_all(), 10)
     assert [(e["type"], e["seq"]) for e in late] == [("done", 1)]
     assert await log.read(mid, 0) == []
+
+
+async def test_appends_go_on_when_redis_forgot_the_append_script() -> None:
+    """A restarted Redis has no scripts: the append is sent whole, once, and then by SHA."""
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        pytest.skip("needs REDIS_URL")
+    from streaming.streamlog.redis import RedisStreamLog
+
+    backend = RedisStreamLog(url)
+    mid = str(uuid.uuid4())
+    try:
+        await backend.append(mid, deltas(1, 2))
+        await backend._redis.script_flush()
+        await backend.append(mid, deltas(3, 2), contiguous=True)
+        await backend.append(mid, deltas(5, 1), contiguous=True)
+        assert [e["seq"] for e in await backend.read(mid, 0)] == [1, 2, 3, 4, 5]
+    finally:
+        await backend.delete(mid)
+        await backend.close()
