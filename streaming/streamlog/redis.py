@@ -118,6 +118,7 @@ def _bulk(data: bytes) -> bytes:
 _EVALSHA = _bulk(b"EVALSHA")
 _EVAL = _bulk(b"EVAL")
 _SCRIPT = _bulk(APPEND_SCRIPT.encode())
+_SHA = _bulk(hashlib.sha1(APPEND_SCRIPT.encode()).hexdigest().encode())
 
 
 def stream_key(message_id: str) -> str:
@@ -171,7 +172,6 @@ class RedisStreamLog(StreamLog):
             socket_timeout=follow_block_ms / 1000 + 10,
             socket_connect_timeout=5,
         )
-        self._sha = _bulk(hashlib.sha1(APPEND_SCRIPT.encode()).hexdigest().encode())
         self._queue: list[_Append] = []
         # Whether the last batch carried the appends of more than one message.
         self._shared = True
@@ -247,11 +247,7 @@ class RedisStreamLog(StreamLog):
                 keys.append(key)
                 kind = event["type"]
                 kinds.append("d" if kind == DONE else "s" if kind == START else "-")
-                entry = b"%d-1" % event["seq"]
-                payload = encode(event)
-                entries.append(
-                    b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(entry), entry, len(payload), payload)
-                )
+                entries += (_bulk(_entry_id(event["seq"]).encode()), _bulk(encode(event)))
             spans.append(len(events))
         # A live log outlives any generation; a finished one is kept for resumes.
         ttl = streaming_settings.LOG_TTL
@@ -264,7 +260,7 @@ class RedisStreamLog(StreamLog):
             _bulk("".join(checks).encode()),
             *entries,
         ]
-        replies = await self._call_script(args, 2 + len(args) + len(entries))
+        replies = await self._call_script(args)
         results: list[Exception | None] = []
         position = 0
         for (message_id, _events, _future, _contiguous), span in zip(batch, spans, strict=True):
@@ -286,27 +282,23 @@ class RedisStreamLog(StreamLog):
             position += span
         return results
 
-    async def _call_script(self, args: list[bytes], argc: int) -> Any:
-        """``APPEND_SCRIPT`` with ``args`` (packed RESP bulk strings after the script;
-        ``argc`` arguments in all), by its SHA, or whole when Redis does not have it (a
-        restarted Redis has no scripts).
+    async def _call_script(self, args: list[bytes]) -> Any:
+        """``APPEND_SCRIPT`` with ``args`` (RESP bulk strings, the script's own arguments),
+        by its SHA, or whole when Redis does not have it (a restarted Redis has no scripts).
 
         Packed here and sent on a pooled connection: redis-py's command packing encodes
         every argument on its own, which was most of an append's client-side cost. And
         no retry inside the client: only ``_send_until_reachable`` knows that a batch sent
         again may find its events already there."""
+        head = b"*%d\r\n" % (2 + len(args))
         pool = self._redis.connection_pool
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
             try:
-                await connection.send_packed_command(
-                    b"".join([b"*%d\r\n" % argc, _EVALSHA, self._sha, *args])
-                )
+                await connection.send_packed_command(b"".join([head, _EVALSHA, _SHA, *args]))
                 return await connection.read_response()
             except NoScriptError:
-                await connection.send_packed_command(
-                    b"".join([b"*%d\r\n" % argc, _EVAL, _SCRIPT, *args])
-                )
+                await connection.send_packed_command(b"".join([head, _EVAL, _SCRIPT, *args]))
                 return await connection.read_response()
         except ResponseError:
             raise
