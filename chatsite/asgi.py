@@ -15,10 +15,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 
 # Before Django loads django-prometheus: with PROMETHEUS_MULTIPROC_DIR set (by the launcher),
 # this creates the directory and drops dead processes' live gauges (docs/metrics.md).
-import streaming.metrics  # noqa: F401, I001
-from django.core.asgi import get_asgi_application
+import streaming.metrics  # noqa: F401
+from chatsite.handler import get_application
 
-django_asgi_app = get_asgi_application()
+django_asgi_app = get_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.sessions import SessionMiddlewareStack  # noqa: E402
