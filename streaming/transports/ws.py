@@ -25,8 +25,8 @@ from typing import Any
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from streaming import database, events, selectors
-from streaming.auth import resolve_user, user_for_token
+from streaming import events, selectors
+from streaming.auth import authenticate, user_for_token
 from streaming.conf import streaming_settings
 from streaming.errors import ServiceError, describe
 from streaming.feed import Listener
@@ -65,7 +65,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         # Accept first; the user is resolved meanwhile and awaited by the first frame.
         self.user: Any = None
-        self.resolving = asyncio.create_task(database.run(resolve_user, self.scope))
+        self.resolving = asyncio.create_task(authenticate(self.scope))
         self.subscriptions: dict[str, asyncio.Task[None]] = {}
         self.feed: tuple[Listener, asyncio.Task[None]] | None = None
         self.last_sent = time.monotonic()

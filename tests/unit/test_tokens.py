@@ -102,3 +102,25 @@ def test_entries_are_bounded(token):
     assert counted == 1, "the least recently used entry went first"
     _, counted = queries(lambda: small.user_for(keys[2]))
     assert counted == 0
+
+
+def test_a_lookup_reads_the_user_as_the_orm_does(cache, token):
+    user = User.objects.get(pk=token.user_id)
+    user.last_login = user.date_joined
+    user.is_staff = True
+    user.save()
+    expected = Token.objects.select_related("user").get(key=token.key).user
+    found, counted = queries(lambda: cache.user_for(token.key))
+    assert counted == 1
+    for field in User._meta.concrete_fields:
+        assert getattr(found, field.attname) == getattr(expected, field.attname), field.name
+        assert type(getattr(found, field.attname)) is type(getattr(expected, field.attname))
+
+
+def test_cached_answers_only_from_what_the_process_holds(cache, token):
+    assert queries(lambda: cache.cached(token.key)) == (None, 0), "never looked up: unknown"
+    cache.user_for(token.key)
+    held, counted = queries(lambda: cache.cached(token.key))
+    assert (held.pk, counted) == (token.user_id, 0)
+    token.delete()
+    assert cache.cached(token.key) is None

@@ -1,0 +1,53 @@
+"""Who is on the other end of a stream: a token the process holds is resolved on the
+event loop, anything else in one database trip."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from rest_framework.authtoken.models import Token
+
+from streaming import auth, database, tokens
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _scope(authorization: str) -> dict[str, Any]:
+    return {"type": "websocket", "headers": [(b"authorization", authorization.encode())]}
+
+
+@pytest.fixture
+def token() -> Token:
+    tokens.cache().clear()
+    return Token.objects.create(user=User.objects.create_user("caller", password="pw-123456"))
+
+
+@pytest.fixture
+def trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    made: list[str] = []
+    run = database.run
+
+    async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        made.append(fn.__name__)
+        return await run(fn, *args, **kwargs)
+
+    monkeypatch.setattr(database, "run", counted)
+    return made
+
+
+async def test_a_held_token_needs_no_database_thread(token: Token, trips: list[str]) -> None:
+    first = await auth.authenticate(_scope(f"Bearer {token.key}"))
+    assert first.pk == token.user_id and trips == ["resolve_user"]
+    again = await auth.authenticate(_scope(f"Token {token.key}"))
+    assert again.pk == token.user_id and trips == ["resolve_user"]
+    assert (await auth.user_for_token(token.key)).pk == token.user_id
+    assert trips == ["resolve_user"]
+
+
+async def test_an_unknown_or_malformed_token_is_anonymous(token: Token, trips: list[str]) -> None:
+    assert not (await auth.authenticate(_scope("Token " + "0" * 40))).is_authenticated
+    assert not (await auth.authenticate(_scope("Token"))).is_authenticated
+    assert not (await auth.user_for_token("0" * 40)).is_authenticated
+    assert trips == ["resolve_user", "_user_for_token"], "a malformed header is not looked up"
