@@ -1,0 +1,59 @@
+"""The instrumented database backends count every statement, its duration and its
+errors by type, with one cursor class per database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import DatabaseError, connection
+from django_prometheus.db import errors_total, execute_many_total, execute_total
+from django_prometheus.db import query_duration_seconds as durations
+
+from streaming.models import Conversation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _value(metric: Any, suffix: str, **labels: str) -> float:
+    wanted = {"alias": "default", "vendor": connection.vendor, **labels}
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.name.endswith(suffix) and sample.labels == wanted:
+                return float(sample.value)
+    return 0.0
+
+
+def test_statements_are_counted_and_timed() -> None:
+    executed, many = _value(execute_total, "_total"), _value(execute_many_total, "_total")
+    timed, took = _value(durations, "_count"), _value(durations, "_sum")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        table = connection.ops.quote_name(Conversation._meta.db_table)
+        cursor.executemany(f"DELETE FROM {table} WHERE title = %s", [("a",), ("b",)])
+    assert _value(execute_total, "_total") == executed + 3
+    assert _value(execute_many_total, "_total") == many + 2
+    assert _value(durations, "_count") == timed + 2
+    assert _value(durations, "_sum") > took
+
+
+def test_a_failed_statement_is_counted_by_its_error() -> None:
+    def errors() -> float:
+        return sum(
+            _value(errors_total, "_total", type=name)
+            for name in ("ProgrammingError", "OperationalError", "UndefinedTable")
+        )
+
+    before, timed = errors(), _value(durations, "_count")
+    with pytest.raises(DatabaseError), connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM no_such_table")
+    assert errors() == before + 1
+    assert _value(durations, "_count") == timed + 1, "a failed statement is timed too"
+
+
+def test_one_cursor_class_serves_every_connection() -> None:
+    with connection.cursor() as first:
+        first_class = type(first.cursor)
+    connection.close()
+    with connection.cursor() as second:
+        assert type(second.cursor) is first_class
