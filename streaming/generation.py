@@ -575,15 +575,14 @@ async def append_following(
 
 async def end_log(stream_log: StreamLog, hub: Hub, message_id: str, done: events.Event) -> None:
     """Append a segment's terminal ``done`` (its owner, the one whose final record was
-    written, calls this), publish it to local readers and start the log's expiry. A log
-    that already holds a later event keeps it: the ``done`` is exactly-once by seq."""
+    written, calls this) and publish it to local readers; its append starts the log's
+    expiry. A log that already holds a later event keeps it (and its expiry: a later
+    ``start`` is a Continue's, live): the ``done`` is exactly-once by seq."""
     try:
         await append_following(stream_log, hub, message_id, [done])
         hub.publish(message_id, [done])
     except SeqConflict:
         log.warning("the log of %s already had a later event than its done", message_id)
-    with contextlib.suppress(Exception):
-        await stream_log.finish(message_id)
 
 
 def _storable_error(exc: EngineError) -> EngineError:

@@ -60,7 +60,9 @@ class StreamLog(abc.ABC):
     ) -> None:
         """Add ``events`` (seqs increasing, above the log's last: else ``SeqConflict``).
         When ``contiguous``, the log must hold seq ``events[0]["seq"] - 1``: else
-        ``LogLost``, and nothing is added."""
+        ``LogLost``, and nothing is added. A ``done`` ends a segment: its append alone
+        starts the log's expiry (kept ``STREAM_LOG_TTL`` seconds for resumes, no call of
+        its own); a later ``start`` (a Continue) makes the log live again."""
 
     @abc.abstractmethod
     async def read(self, message_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
@@ -73,10 +75,6 @@ class StreamLog(abc.ABC):
 
     @abc.abstractmethod
     async def last_seq(self, message_id: str) -> int: ...
-
-    @abc.abstractmethod
-    async def finish(self, message_id: str) -> None:
-        """The message ended: keep its log only for ``STREAM_LOG_TTL`` seconds."""
 
     @abc.abstractmethod
     async def delete(self, message_id: str) -> None:

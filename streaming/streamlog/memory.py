@@ -72,7 +72,8 @@ class MemoryStreamLog(StreamLog):
                 raise SeqConflict(f"seq {event['seq']} <= {last} in {message_id}")
             last = event["seq"]
         entry.events.extend(events)
-        entry.expires_at = None
+        ended = bool(events) and events[-1]["type"] == DONE
+        entry.expires_at = time.time() + streaming_settings.LOG_TTL if ended else None
         entry.wake.set()
         entry.wake = asyncio.Event()
 
@@ -102,11 +103,6 @@ class MemoryStreamLog(StreamLog):
     async def last_seq(self, message_id: str) -> int:
         entry = self._entry(message_id)
         return entry.events[-1]["seq"] if entry and entry.events else 0
-
-    async def finish(self, message_id: str) -> None:
-        entry = self._entry(message_id)
-        if entry is not None:
-            entry.expires_at = time.time() + streaming_settings.LOG_TTL
 
     async def delete(self, message_id: str) -> None:
         now = time.time()

@@ -350,9 +350,6 @@ class RedisStreamLog(StreamLog):
         entries: Any = await self._redis.xrevrange(stream_key(message_id), count=1)
         return int(entries[0][0].split(b"-")[0]) if entries else 0
 
-    async def finish(self, message_id: str) -> None:
-        await self._redis.expire(stream_key(message_id), streaming_settings.LOG_TTL)
-
     async def delete(self, message_id: str) -> None:
         pipe = self._redis.pipeline(transaction=False)
         pipe.set(tombstone_key(message_id), "1", ex=TOMBSTONE_SECONDS)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 
 from streaming import events
+from streaming.conf import streaming_settings
 from streaming.streamlog import LogLost, SeqConflict, StreamLog
 from streaming.streamlog.memory import MemoryStreamLog
 
@@ -122,10 +124,34 @@ async def test_concurrent_appends_keep_order_per_message(log: StreamLog):
         assert [e["seq"] for e in await log.read(mid, 0)] == list(range(1, 31))
 
 
-async def test_finish_and_delete(log: StreamLog):
+async def _expires_in(log: StreamLog, mid: str) -> float | None:
+    """Seconds until the log of ``mid`` expires (None: it does not)."""
+    if isinstance(log, MemoryStreamLog):
+        at = log._entries[mid].expires_at
+        return None if at is None else at - time.time()
+    from streaming.streamlog.redis import stream_key
+
+    left = await log._redis.ttl(stream_key(mid))  # type: ignore[attr-defined]
+    return float(left)
+
+
+async def test_a_done_starts_the_expiry_and_a_continue_makes_the_log_live(log: StreamLog):
+    mid = str(uuid.uuid4())
+    ttl = streaming_settings.LOG_TTL
+    await log.append(mid, [events.start(1, message_id=mid, segment=0, model="m"), *deltas(2, 2)])
+    live = await _expires_in(log, mid)
+    assert live is None or live > ttl, "a live log outlives a finished one"
+    await log.append(mid, [events.done(4, segment=0, termination={"status": "complete"})])
+    assert ttl - 5 < (await _expires_in(log, mid) or 0) <= ttl
+    await log.append(mid, [events.start(5, message_id=mid, segment=1, model="m")])
+    again = await _expires_in(log, mid)
+    assert again is None or again > ttl
+    assert [e["seq"] for e in await log.read(mid, 0)] == [1, 2, 3, 4, 5]
+
+
+async def test_delete(log: StreamLog):
     mid = str(uuid.uuid4())
     await log.append(mid, deltas(1, 2))
-    await log.finish(mid)
     assert len(await log.read(mid, 0)) == 2
     await log.delete(mid)
     assert await log.read(mid, 0) == []
