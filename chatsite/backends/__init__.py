@@ -31,31 +31,24 @@ def instrumented(cursor_class: Any, alias: str, vendor: str) -> Any:
     executed_many = execute_many_total.labels(alias, vendor)
     duration = query_duration_seconds.labels(alias, vendor)
 
-    def failed(exc: BaseException) -> None:
-        errors_total.labels(alias, vendor, type(exc).__name__).inc()
+    def measured(call: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:
+            errors_total.labels(alias, vendor, type(exc).__name__).inc()
+            raise
+        finally:
+            duration.observe(time.perf_counter() - started)
 
     class CursorWrapper(cursor_class):
         def execute(self, *args: Any, **kwargs: Any) -> Any:
             executed.inc()
-            started = time.perf_counter()
-            try:
-                return super().execute(*args, **kwargs)
-            except Exception as exc:
-                failed(exc)
-                raise
-            finally:
-                duration.observe(time.perf_counter() - started)
+            return measured(super().execute, *args, **kwargs)
 
         def executemany(self, query: Any, param_list: Any, *args: Any, **kwargs: Any) -> Any:
             executed.inc(len(param_list))
             executed_many.inc(len(param_list))
-            started = time.perf_counter()
-            try:
-                return super().executemany(query, param_list, *args, **kwargs)
-            except Exception as exc:
-                failed(exc)
-                raise
-            finally:
-                duration.observe(time.perf_counter() - started)
+            return measured(super().executemany, query, param_list, *args, **kwargs)
 
     return CursorWrapper
