@@ -132,6 +132,8 @@ class WebSocket:
     def __init__(self, http: Http) -> None:
         self.http = http
         self.buffer = bytearray()
+        # Frames decoded but not consumed by the last reader (read after its last frame).
+        self.pending: list[dict[str, Any]] = []
         self.closed_code: int | None = None
 
     @classmethod
@@ -171,6 +173,9 @@ class WebSocket:
         """Batches of decoded text frames, with the time their bytes were read."""
         reader = self.http.reader
         buf = self.buffer
+        if self.pending:
+            pending, self.pending = self.pending, []
+            yield pending, time.time()
         while True:
             data = await reader.read(READ_SIZE)
             if not data:

@@ -51,6 +51,10 @@ class StreamPlan:
     # 1.5 times, at random) and send the next, until the wall clock passes ``until``.
     think: float = 0.0
     until: float = 0.0
+    # A closed-loop user sends each answer's request on the connection the previous answer
+    # came over, as the chat page keeps its WebSocket and a browser (or the OpenAI SDK) its
+    # HTTP/1.1 connection; False: a new connection per answer.
+    keep: bool = False
 
 
 @dataclass(slots=True)
@@ -71,6 +75,42 @@ class StreamResult:
     text: str = ""
     gaps: list[float] = field(default_factory=list)  # ms between delta frames
     latencies: list[float] = field(default_factory=list)  # ms, receive minus emit stamp
+
+
+class Held:
+    """The connection a closed-loop user keeps between answers. ``reusable`` is set by a
+    runner that read its response to the end (nothing of it left on the connection)."""
+
+    __slots__ = ("http", "reusable", "ws")
+
+    def __init__(self) -> None:
+        self.http: Http | None = None
+        self.ws: WebSocket | None = None
+        self.reusable = False
+
+    async def open_http(self, plan: StreamPlan) -> Http:
+        http = self.http
+        if http is None or http.reader.at_eof():
+            if http is not None:
+                http.close()
+            http = self.http = await Http.open(plan.host, plan.port, plan.rcvbuf)
+        self.reusable = False
+        return http
+
+    async def open_ws(self, plan: StreamPlan) -> WebSocket:
+        ws = self.ws
+        if ws is None or ws.http.reader.at_eof():
+            if ws is not None:
+                ws.close()
+            ws = self.ws = await WebSocket.open(plan.host, plan.port, "/ws/chat/", plan.token)
+        self.reusable = False
+        return ws
+
+    def close(self) -> None:
+        for connection in (self.http, self.ws):
+            if connection is not None:
+                connection.close()
+        self.http = self.ws = None
 
 
 def _params(plan: StreamPlan) -> dict[str, Any]:
@@ -147,11 +187,11 @@ class Tracker:
         return len(self.parts)
 
 
-async def _sse(plan: StreamPlan, result: StreamResult) -> None:
+async def _sse(plan: StreamPlan, result: StreamResult, held: Held) -> None:
     """A stream read over SSE. A new answer is asked for in one request, as the chat page
     asks (``Accept: text/event-stream`` on the POST: the stream is its response, the
     created ids its first event); a resume is a GET of the stream with ``Last-Event-ID``."""
-    http = await Http.open(plan.host, plan.port, plan.rcvbuf)
+    http = await held.open_http(plan)
     tracker = Tracker(result)
     headers = {"Authorization": f"Token {plan.token}", "Accept": "text/event-stream"}
     try:
@@ -171,20 +211,23 @@ async def _sse(plan: StreamPlan, result: StreamResult) -> None:
                     body,
                 )
                 head = await _stream_head(http)
-        if head is None or await _read_sse(http, plan, head, tracker, None):
+        if head is None:
+            held.reusable = True
+            return
+        if await _read_sse(http, plan, head, tracker, None, held):
             await _hold(plan)
             return
         # DISCONNECT / RESUME: the connection was closed after act_after deltas.
         if plan.action == RESUME:
             result.resume_started_at = time.time()
-            http = await Http.open(plan.host, plan.port)
+            held.close()
+            http = await held.open_http(plan)
             resume = {**headers, "Last-Event-ID": str(tracker.seq)}
             http.send("GET", f"/api/messages/{result.message_id}/stream/", resume)
             head = await _stream_head(http)
             if head is not None:
-                await _read_sse(http, plan, head, tracker, tracker.seq)
+                await _read_sse(http, plan, head, tracker, tracker.seq, held)
     finally:
-        http.close()
         result.text = "".join(tracker.parts)
 
 
@@ -199,13 +242,20 @@ async def _stream_head(http: Http) -> dict[str, str] | None:
 
 
 async def _read_sse(
-    http: Http, plan: StreamPlan, head: dict[str, str], tracker: Tracker, after: int | None
+    http: Http,
+    plan: StreamPlan,
+    head: dict[str, str],
+    tracker: Tracker,
+    after: int | None,
+    held: Held,
 ) -> bool:
-    """Read a stream; True when it reached ``done`` (or was given up on purpose)."""
+    """Read a stream; True when it reached ``done`` (or was given up on purpose). After
+    ``done`` the rest of the response is read, so the connection can carry the next."""
     result = tracker.result
     buffer = bytearray()
     acting = after is None and plan.action != READ
-    async for data, at in http.body(head):
+    body = http.body(head)
+    async for data, at in body:
         for event in sse_events(buffer, data):
             if "message" in event and "type" not in event:  # the one-step `created` event
                 result.accepted_at = at
@@ -214,6 +264,9 @@ async def _read_sse(
             if after is not None and not result.resumed_first_at:
                 result.resumed_first_at = at
             if tracker.event(event, at):
+                async for _ in body:
+                    pass
+                held.reusable = True
                 return True
             if acting and tracker.deltas() >= plan.act_after:
                 return _act(http, plan, result)
@@ -234,8 +287,8 @@ async def _hold(plan: StreamPlan) -> None:
         await asyncio.sleep(max(plan.hold_until - time.time(), 0))
 
 
-async def _ws(plan: StreamPlan, result: StreamResult) -> None:
-    ws = await WebSocket.open(plan.host, plan.port, "/ws/chat/", plan.token)
+async def _ws(plan: StreamPlan, result: StreamResult, held: Held) -> None:
+    ws = await held.open_ws(plan)
     tracker = Tracker(result)
     try:
         result.sent_at = time.time()
@@ -252,25 +305,27 @@ async def _ws(plan: StreamPlan, result: StreamResult) -> None:
                     "params": _params(plan),
                 }
             )
-        if await _read_ws(ws, plan, tracker, resumed=False):
+        if await _read_ws(ws, plan, tracker, resumed=False, held=held):
             await _hold(plan)
             return
         if plan.action == RESUME:
             result.resume_started_at = time.time()
-            ws = await WebSocket.open(plan.host, plan.port, "/ws/chat/", plan.token)
+            held.close()
+            ws = await held.open_ws(plan)
             after = tracker.seq
             ws.send_json({"type": "subscribe", "message_id": result.message_id, "after": after})
-            await _read_ws(ws, plan, tracker, resumed=True)
+            await _read_ws(ws, plan, tracker, resumed=True, held=held)
     finally:
-        ws.close()
         result.text = "".join(tracker.parts)
 
 
-async def _read_ws(ws: WebSocket, plan: StreamPlan, tracker: Tracker, resumed: bool) -> bool:
+async def _read_ws(
+    ws: WebSocket, plan: StreamPlan, tracker: Tracker, resumed: bool, held: Held
+) -> bool:
     result = tracker.result
     acting = not resumed and plan.action != READ
     async for batch, at in ws.frames():
-        for frame in batch:
+        for i, frame in enumerate(batch):
             kind = frame.get("type")
             if kind == "message.created":
                 result.accepted_at = at
@@ -283,15 +338,17 @@ async def _read_ws(ws: WebSocket, plan: StreamPlan, tracker: Tracker, resumed: b
             if resumed and not result.resumed_first_at:
                 result.resumed_first_at = at
             if tracker.event(frame, at):
+                ws.pending = batch[i + 1 :]
+                held.reusable = True
                 return True
             if acting and tracker.deltas() >= plan.act_after:
                 return _act(ws.http, plan, result)
     raise RuntimeError(f"the socket closed without done (code {ws.closed_code})")
 
 
-async def _relay(plan: StreamPlan, result: StreamResult) -> None:
+async def _relay(plan: StreamPlan, result: StreamResult, held: Held) -> None:
     """The baseline's reference shape: one POST answered by ``data: {"token": ...}``."""
-    http = await Http.open(plan.host, plan.port, plan.rcvbuf)
+    http = await held.open_http(plan)
     tracker = Tracker(result)
     try:
         body = {"content": plan.content, "simulation": plan.simulation}
@@ -306,9 +363,13 @@ async def _relay(plan: StreamPlan, result: StreamResult) -> None:
         result.message_id = head.get("x-request-id", "")
         buffer = bytearray()
         acting = plan.action != READ
-        async for data, at in http.body(head):
+        chunks = http.body(head)
+        async for data, at in chunks:
             for payload in sse_events(buffer, data):
                 if tracker.relay_token(payload, at):
+                    async for _ in chunks:
+                        pass
+                    held.reusable = True
                     return
                 if acting and tracker.deltas() >= plan.act_after:
                     _act(http, plan, result)
@@ -316,14 +377,16 @@ async def _relay(plan: StreamPlan, result: StreamResult) -> None:
                     return
         raise RuntimeError("the relay stream ended without done")
     finally:
-        http.close()
         result.text = "".join(tracker.parts)
 
 
 RUNNERS = {"sse": _sse, "ws": _ws, "relay": _relay}
 
 
-async def run_one(plan: StreamPlan) -> StreamResult:
+async def run_one(plan: StreamPlan, held: Held | None = None) -> StreamResult:
+    """One answer; over ``held``'s connection when the plan keeps it (left open for the
+    next answer when this one was read to its end), else over a connection of its own."""
+    held = held or Held()
     result = StreamResult(plan.transport)
     delay = plan.start_at - time.time()
     if delay > 0:
@@ -331,11 +394,13 @@ async def run_one(plan: StreamPlan) -> StreamResult:
     try:
         timeout = plan.deadline - time.time() if plan.deadline else None
         async with asyncio.timeout(timeout):
-            await RUNNERS[plan.transport](plan, result)
+            await RUNNERS[plan.transport](plan, result, held)
     except TimeoutError:
         result.error = "timeout"
     except Exception as exc:
         result.error = f"{exc.__class__.__name__}: {exc}"[:300]
+    if not (plan.keep and held.reusable and result.error is None):
+        held.close()
     return result
 
 
@@ -357,11 +422,13 @@ async def run_user(plan: StreamPlan) -> list[StreamResult]:
     budget = plan.deadline - plan.start_at if plan.deadline else 120.0
     results: list[StreamResult] = []
     start = plan.start_at
+    held = Held()
     while True:
         one = dataclasses.replace(plan, start_at=start, deadline=start + budget)
-        results.append(await run_one(one))
+        results.append(await run_one(one, held))
         start = time.time() + plan.think * rng.uniform(0.5, 1.5)
         if start >= plan.until:
+            held.close()
             return results
 
 

@@ -83,7 +83,14 @@ def main() -> None:
     parser.add_argument("--fd", type=int)
     parser.add_argument("--port", type=int, default=8100)
     args = parser.parse_args()
-    options: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "off"}
+    # Idle keep-alive connections are kept longer than a closed-loop user thinks (Daphne
+    # keeps them for hours), so both sides serve a user's answers over one connection.
+    options: dict[str, Any] = {
+        "log_level": "warning",
+        "access_log": False,
+        "lifespan": "off",
+        "timeout_keep_alive": 30,
+    }
     if args.fd is not None:
         uvicorn.run(app, fd=args.fd, **options)
     else:
