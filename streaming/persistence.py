@@ -104,51 +104,49 @@ def finalize_segment(
     calls = list(tool_calls or [])
     now = timezone.now()
     t = termination
-    with transaction.atomic():
-        updated = statements.update_rows(
-            Segment,
-            {
-                "status": t.status,
-                "start_offset": start_offset,
-                "end_offset": len(content),
-                "reasoning_start_offset": reasoning_start_offset,
-                "reasoning_end_offset": len(reasoning),
-                "tool_calls": calls,
-                "finish_reason": t.finish_reason,
-                "stop_reason": None if t.stop_reason is None else str(t.stop_reason),
-                "prompt_tokens": t.prompt_tokens,
-                "completion_tokens": t.completion_tokens,
-                "reasoning_tokens": t.reasoning_tokens,
-                "ttft_ms": t.ttft_ms,
-                "reasoning_ttft_ms": t.reasoning_ttft_ms,
-                "duration_ms": t.duration_ms,
-                "has_unclosed_code_block": t.has_unclosed_code_block,
-                "is_valid_json": t.is_valid_json,
-                "error_type": t.error_type,
-                "error_message": t.error_message,
-                "error_code": t.error_code,
-                "context_full": t.context_full,
-                "ended_in_reasoning": t.ended_in_reasoning,
-                "ended_at": now,
-            },
-            message_id=message_id,
-            index=segment_index,
-            status=Status.STREAMING,
-        )
-        if not updated:
-            return False
-        statements.update_rows(
-            Message,
-            {
-                "content": content,
-                "reasoning": reasoning,
-                "tool_calls": [*(earlier_tool_calls or []), *calls],
-                "status": t.status,
-                "termination": t.as_dict(),
-                "last_seq": last_seq,
-                "updated_at": now,
-            },
-            id=message_id,
-        )
-        statements.update_rows(Conversation, {"updated_at": now}, id=conversation_id)
-    return True
+    return statements.update_chain(
+        [
+            (
+                Segment,
+                {
+                    "status": t.status,
+                    "start_offset": start_offset,
+                    "end_offset": len(content),
+                    "reasoning_start_offset": reasoning_start_offset,
+                    "reasoning_end_offset": len(reasoning),
+                    "tool_calls": calls,
+                    "finish_reason": t.finish_reason,
+                    "stop_reason": None if t.stop_reason is None else str(t.stop_reason),
+                    "prompt_tokens": t.prompt_tokens,
+                    "completion_tokens": t.completion_tokens,
+                    "reasoning_tokens": t.reasoning_tokens,
+                    "ttft_ms": t.ttft_ms,
+                    "reasoning_ttft_ms": t.reasoning_ttft_ms,
+                    "duration_ms": t.duration_ms,
+                    "has_unclosed_code_block": t.has_unclosed_code_block,
+                    "is_valid_json": t.is_valid_json,
+                    "error_type": t.error_type,
+                    "error_message": t.error_message,
+                    "error_code": t.error_code,
+                    "context_full": t.context_full,
+                    "ended_in_reasoning": t.ended_in_reasoning,
+                    "ended_at": now,
+                },
+                {"message_id": message_id, "index": segment_index, "status": Status.STREAMING},
+            ),
+            (
+                Message,
+                {
+                    "content": content,
+                    "reasoning": reasoning,
+                    "tool_calls": [*(earlier_tool_calls or []), *calls],
+                    "status": t.status,
+                    "termination": t.as_dict(),
+                    "last_seq": last_seq,
+                    "updated_at": now,
+                },
+                {"id": message_id},
+            ),
+            (Conversation, {"updated_at": now}, {"id": conversation_id}),
+        ]
+    )

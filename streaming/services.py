@@ -205,13 +205,15 @@ def _start_answer(
         params=params,
         model=model,
     )
-    statements.insert([*new, assistant])
     segment = Segment(message=assistant, index=0, first_seq=1, worker=WORKER_ID)
-    statements.insert([segment])
     # The answer describes the message as created: no second read for it.
     assistant._prefetched_objects_cache = {"segments": [segment]}  # type: ignore[attr-defined]
     conversation.current_leaf = assistant
-    statements.update(conversation, ["title", "title_source", "current_leaf", "updated_at"])
+    statements.insert_then_update(
+        [[*new, assistant], [segment]],
+        conversation,
+        ["title", "title_source", "current_leaf", "updated_at"],
+    )
     plan = SegmentPlan(
         message_id=str(assistant.id),
         conversation_id=str(conversation.id),

@@ -1,13 +1,16 @@
 """The statements every new answer pays for, with their SQL built once.
 
 Creating an answer locks, counts, reads the conversation's messages, inserts three rows
-and updates one, in one transaction. Built through the ORM's query compiler, each of
-those statements cost several times its round trip in CPU (docs/performance.md), and at
-a hundred answers a second that CPU is what saturates a process. Here each statement's
-text is built once per model from the model's own metadata; values are prepared by the
-model's fields (``pre_save``, ``get_db_prep_save``) and rows come back through
-``raw()``, which applies the fields' converters. So what is written and read is what
-``objects.create``/``save``/a queryset would give, on PostgreSQL and SQLite alike.
+and updates one, in one transaction; ending it updates three rows. Built through the
+ORM's query compiler, each of those statements cost several times its round trip in CPU
+(docs/performance.md), and at a hundred answers a second that CPU is what saturates a
+process. On PostgreSQL the writes of each go in one statement (writable CTEs), a round
+trip each instead of one per row, and an answer's end needs no transaction of its own.
+Here each statement's text is built once per model from the model's own metadata;
+values are prepared by the model's fields (``pre_save``, ``get_db_prep_save``) and rows
+come back through ``raw()``, which applies the fields' converters. So what is written
+and read is what ``objects.create``/``save``/a queryset would give, on PostgreSQL and
+SQLite alike.
 
 Not sent: model signals. Nothing listens to the saves of these models (a unit test
 checks that no receiver is connected); one added later needs the ORM's ``save``.
@@ -23,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from django.contrib.auth import get_user_model
-from django.db import connections, router
+from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model
 
@@ -76,28 +79,87 @@ def _insert_sql(
     return sql, fields, returning
 
 
-def insert(objs: Sequence[M]) -> None:
-    """``INSERT`` unsaved instances of one model in one statement, stored as ``save()``
-    stores them (defaults, ``auto_now_add``); an automatic primary key is read back."""
-    if not objs:
-        return
+def _insert_parts(objs: Sequence[Model], alias: str) -> tuple[str, list[Any], bool]:
+    """The ``INSERT`` of ``objs`` (one model), its parameters, and whether it returns the
+    automatic primary keys."""
     model = type(objs[0])
     meta = model._meta
-    alias, connection = _connection(model)
+    connection = connections[alias]
     with_pk = meta.auto_field is None or all(obj.pk is not None for obj in objs)
     sql, fields, returning = _insert_sql(model, alias, len(objs), with_pk)
     params: list[Any] = []
     for obj in objs:
         params.extend(f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        if returning:
-            assert meta.auto_field is not None
-            for obj, row in zip(objs, cursor.fetchall(), strict=True):
-                setattr(obj, meta.auto_field.attname, row[0])
+    return sql, params, returning
+
+
+def _inserted(objs: Sequence[Model], alias: str, keys: Sequence[Any] | None) -> None:
+    """Mark ``objs`` stored, with the automatic keys read back (in the rows' order)."""
+    if keys is not None:
+        auto = type(objs[0])._meta.auto_field
+        assert auto is not None
+        for obj, key in zip(objs, keys, strict=True):
+            setattr(obj, auto.attname, key)
     for obj in objs:
         obj._state.adding = False
         obj._state.db = alias
+
+
+def insert(objs: Sequence[M]) -> None:
+    """``INSERT`` unsaved instances of one model in one statement, stored as ``save()``
+    stores them (defaults, ``auto_now_add``); an automatic primary key is read back."""
+    if not objs:
+        return
+    alias, connection = _connection(type(objs[0]))
+    sql, params, returning = _insert_parts(objs, alias)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        keys = [row[0] for row in cursor.fetchall()] if returning else None
+    _inserted(objs, alias, keys)
+
+
+def _one_statement(connection: BaseDatabaseWrapper) -> bool:
+    """Whether writes can be chained in one statement (PostgreSQL's writable CTEs)."""
+    return connection.vendor == "postgresql"
+
+
+def insert_then_update(groups: Sequence[Sequence[Model]], obj: Model, names: Sequence[str]) -> None:
+    """``insert(group)`` for each of ``groups``, then ``update(obj, names)``.
+
+    On PostgreSQL in one statement, one round trip instead of one per write: the inserts
+    are data-modifying CTEs and the update is run beside them. They see one snapshot, so
+    ``obj`` must be a row that exists already; the new rows may refer to each other and
+    ``obj`` to them, because Django declares foreign keys ``DEFERRABLE INITIALLY
+    DEFERRED`` there (checked at commit). Elsewhere one statement each, in this order."""
+    groups = [group for group in groups if group]
+    alias, connection = _connection(type(obj))
+    if not _one_statement(connection):
+        for group in groups:
+            insert(group)
+        update(obj, names)
+        return
+    model = type(obj)
+    usql, uparams = _update_parts(
+        model, {n: _field(model, n).pre_save(obj, False) for n in names}, {"pk": obj.pk}, alias
+    )
+    ctes, params, reads, returns = [], [], [], []
+    for i, group in enumerate(groups):
+        sql, group_params, returning = _insert_parts(group, alias)
+        ctes.append(f"w{i} AS ({sql})")
+        params += group_params
+        returns.append(returning)
+        if returning:
+            auto = type(group[0])._meta.auto_field
+            assert auto is not None
+            reads.append(f"SELECT {i}, {connection.ops.quote_name(auto.column)} FROM w{i}")
+    ctes.append(f"u AS ({usql})")
+    params += uparams
+    main = " UNION ALL ".join(reads) if reads else "SELECT NULL, NULL"
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {', '.join(ctes)} {main}", params)
+        rows = cursor.fetchall() if reads else []
+    for i, group in enumerate(groups):
+        _inserted(group, alias, [key for at, key in rows if at == i] if returns[i] else None)
 
 
 @functools.cache
@@ -111,11 +173,10 @@ def _update_sql(
     return sql, [_field(model, n) for n in names], [_field(model, k) for k in keys]
 
 
-def update_rows(model: type[Model], values: Mapping[str, Any], **where: Any) -> int:
-    """``model.objects.filter(**where).update(**values)`` for equality filters, in one
-    statement; the number of rows changed. As with ``update()``, an ``auto_now`` field
-    changes only when given."""
-    alias, connection = _connection(model)
+def _update_parts(
+    model: type[Model], values: Mapping[str, Any], where: Mapping[str, Any], alias: str
+) -> tuple[str, list[Any]]:
+    connection = connections[alias]
     sql, fields, keys = _update_sql(model, alias, tuple(values), tuple(where))
     params = [
         f.get_db_prep_save(v, connection) for f, v in zip(fields, values.values(), strict=True)
@@ -123,9 +184,52 @@ def update_rows(model: type[Model], values: Mapping[str, Any], **where: Any) -> 
     params += [
         f.get_db_prep_value(v, connection) for f, v in zip(keys, where.values(), strict=True)
     ]
+    return sql, params
+
+
+def update_rows(model: type[Model], values: Mapping[str, Any], **where: Any) -> int:
+    """``model.objects.filter(**where).update(**values)`` for equality filters, in one
+    statement; the number of rows changed. As with ``update()``, an ``auto_now`` field
+    changes only when given."""
+    alias, connection = _connection(model)
+    sql, params = _update_parts(model, values, where, alias)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
+
+
+# One ``update_rows`` of a chain: the model, the values set, the equality filters.
+Step = tuple[type[Model], Mapping[str, Any], Mapping[str, Any]]
+
+
+def update_chain(steps: Sequence[Step]) -> bool:
+    """``update_rows`` for each step in order, each only when the step before it changed a
+    row; whether the first changed any. On PostgreSQL one statement (each
+    step a data-modifying CTE guarded by ``EXISTS`` over the one before, which also takes
+    the rows' locks in the steps' order), elsewhere a transaction. The steps update
+    different tables (a row changed twice in one statement is undefined there). Atomic."""
+    alias, connection = _connection(steps[0][0])
+    if not _one_statement(connection):
+        with transaction.atomic(using=alias):
+            for i, (model, values, where) in enumerate(steps):
+                if not update_rows(model, values, **where):
+                    return i > 0
+        return True
+    ctes, params = [], []
+    for i, (model, values, where) in enumerate(steps):
+        sql, step_params = _update_parts(model, values, where, alias)
+        guard = f" AND EXISTS (SELECT 1 FROM s{i - 1})" if i else ""
+        ctes.append(f"s{i} AS ({sql}{guard} RETURNING 1)")
+        params += step_params
+    last = len(steps) - 1
+    with connection.cursor() as cursor:
+        # The main query reads the last step, which makes every step before it run first.
+        cursor.execute(
+            f"WITH {', '.join(ctes)} SELECT (SELECT COUNT(*) FROM s0), COUNT(*) FROM s{last}",
+            params,
+        )
+        row = cursor.fetchone()
+    return bool(row[0])
 
 
 def update(obj: Model, names: Sequence[str]) -> None:

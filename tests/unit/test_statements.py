@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Model
 from django.db.models.signals import post_save, pre_save
+from django.test.utils import CaptureQueriesContext
 
 from streaming import statements
 from streaming.models import Conversation, Message, Segment
@@ -126,3 +127,69 @@ def test_update_rows_is_a_filtered_update(conversation: Conversation) -> None:
         (Status.CANCELLED, [{"id": "c"}], None),
         (Status.COMPLETE, [], None),
     ]
+
+
+def _statements(connection_queries: list[dict[str, Any]]) -> int:
+    return sum(1 for q in connection_queries if not q["sql"].startswith(("SAVEPOINT", "RELEASE")))
+
+
+def test_inserts_then_an_update_store_what_the_separate_statements_store(
+    conversation: Conversation,
+) -> None:
+    question = Message(conversation=conversation, role=Message.Role.USER, content="q")
+    answer = Message(conversation=conversation, parent=question, role=Message.Role.ASSISTANT)
+    segment = Segment(message=answer, index=0, first_seq=1, worker="w")
+    conversation.title, conversation.current_leaf = "asked", answer
+    with CaptureQueriesContext(connections["default"]) as queries:
+        statements.insert_then_update(
+            [[question, answer], [], [segment]], conversation, ["title", "current_leaf"]
+        )
+    if connections["default"].vendor == "postgresql":
+        assert _statements(queries.captured_queries) == 1
+    assert not segment._state.adding and segment.pk == Segment.objects.get(message=answer).pk
+    back = Conversation.objects.get(pk=conversation.pk)
+    assert (back.title, back.current_leaf_id) == ("asked", answer.id)
+    assert Message.objects.get(pk=answer.pk).parent_id == question.id
+    # The same rows as one statement each give.
+    again = Message(conversation=conversation, role=Message.Role.USER, content="q")
+    again_answer = Message(conversation=conversation, parent=again, role=Message.Role.ASSISTANT)
+    statements.insert([again, again_answer])
+    assert {**stored(again), "parent_id": None} == {**stored(question), "parent_id": None}
+    assert {**stored(again_answer), "parent_id": question.id} == stored(answer)
+
+
+def _steps(answer: Message, conversation: Conversation, index: int) -> list[statements.Step]:
+    return [
+        (Segment, {"status": Status.COMPLETE}, {"message_id": answer.id, "index": index}),
+        (Message, {"content": "done"}, {"id": answer.id}),
+        (Conversation, {"title": "ended"}, {"id": conversation.id}),
+    ]
+
+
+def test_a_chain_of_updates_runs_only_while_each_step_changes_a_row(
+    conversation: Conversation,
+) -> None:
+    answer = Message.objects.create(conversation=conversation, role="assistant")
+    Segment.objects.create(message=answer, index=0, status=Status.STREAMING)
+
+    def state() -> tuple[str, str, str]:
+        segment = Segment.objects.get(message=answer)
+        return segment.status, Message.objects.get(pk=answer.pk).content, conversation_title()
+
+    def conversation_title() -> str:
+        return Conversation.objects.get(pk=conversation.pk).title
+
+    assert statements.update_chain(_steps(answer, conversation, index=1)) is False
+    assert state() == (Status.STREAMING, "", "t")
+    with CaptureQueriesContext(connections["default"]) as queries:
+        assert statements.update_chain(_steps(answer, conversation, index=0)) is True
+    if connections["default"].vendor == "postgresql":
+        assert _statements(queries.captured_queries) == 1
+    assert state() == (Status.COMPLETE, "done", "ended")
+    # A later step that changes nothing stops the ones after it; the first still counts.
+    Segment.objects.filter(message=answer).update(status=Status.STREAMING)
+    gone = [*_steps(answer, conversation, 0)]
+    gone[1] = (Message, {"content": "again"}, {"id": uuid.uuid4()})
+    gone[2] = (Conversation, {"title": "not reached"}, {"id": conversation.id})
+    assert statements.update_chain(gone) is True
+    assert state() == (Status.COMPLETE, "done", "ended")
