@@ -57,3 +57,28 @@ def test_one_cursor_class_serves_every_connection() -> None:
     connection.close()
     with connection.cursor() as second:
         assert type(second.cursor) is first_class
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's statement cache")
+def test_the_parse_of_an_answers_writes_is_kept() -> None:
+    from django.contrib.auth.models import User
+    from psycopg import _queries
+
+    from streaming import statements
+    from streaming.models import Message, Segment
+
+    conversation = Conversation.objects.create(owner=User.objects.create_user("ann"))
+
+    def write() -> None:
+        question = Message(conversation=conversation, role="user", content="q")
+        answer = Message(conversation=conversation, parent=question, role="assistant")
+        segment = Segment(message=answer, index=0, first_seq=1, worker="w")
+        conversation.current_leaf = answer
+        statements.insert_then_update(
+            [[question, answer], [segment]], conversation, ["current_leaf"]
+        )
+
+    write()
+    before = _queries._query2pg_client.cache_info().hits
+    write()
+    assert _queries._query2pg_client.cache_info().hits == before + 1
