@@ -172,8 +172,7 @@ class Subscription:
         recorded = self.metrics
         if resumed:
             recorded.resumes.inc()
-        live = not self.state.final
-        await self.presence.attach(message_id, live=live)
+        shared = await self.presence.attach(message_id, live=not self.state.final)
         recorded.streams_active.inc()
         replaying = resumed
         try:
@@ -222,7 +221,8 @@ class Subscription:
             metrics.STREAM_ENDS.labels(
                 transport=self.transport, status=self.ended_status or "disconnected"
             ).inc()
-            await self.presence.detach(message_id, live=live, ended=self.ended_status is not None)
+            ended = self.ended_status is not None
+            await self.presence.detach(message_id, shared=shared, ended=ended)
 
     async def _bridge(self, batch: list[events.Event]) -> list[events.Event]:
         """The log does not go back to the reader's cursor (Redis lost data, or a finished

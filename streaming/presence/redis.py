@@ -68,11 +68,12 @@ class RedisPresence(Presence):
         replies = await pipe.execute()
         if not notify:
             return
-        local = self.local.get(message_id, 0)
         if not generating:
-            if local == (1 if change > 0 else 0):
+            # The generation's process hears of this one's count crossing zero only.
+            if self.shared.get(message_id, 0) == (1 if change > 0 else 0):
                 await listener.notify_remote(message_id)
             return
+        local = self.local.get(message_id, 0)
         if local or not counted:
             listener.readers_changed(message_id, local or await self.count(message_id))
             return

@@ -108,16 +108,19 @@ async def test_redis_restart_then_a_crash_keeps_the_text_from_its_first_characte
 async def test_a_websocket_subscription_while_redis_is_down_is_told_and_resumes(
     daphne, account, private_redis
 ):
-    """A reader that cannot follow gets an error naming its cursor, not heartbeats only;
-    subscribing again once Redis is back streams the answer to its end."""
-    server = daphne("ws", REDIS_URL=private_redis.url, STREAM_HEARTBEAT_INTERVAL="0.5")
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+    """A reader in another process than the generation's cannot attach (its count must
+    reach that process through Redis): it gets an error naming its cursor, not heartbeats
+    only; subscribing again once Redis is back streams the answer to its end."""
+    env = {"REDIS_URL": private_redis.url, "STREAM_HEARTBEAT_INTERVAL": "0.5"}
+    generating = daphne("gen", **env)
+    following = daphne("ws", **env)
+    async with httpx.AsyncClient(base_url=generating.url, timeout=30) as client:
         conversation = await create_conversation(client, account.token)
         message = await post_message(
             client, account.token, conversation, "hi",
-            simulation={"length": 60, "tokens_per_second": 40, "ttft_ms": 0},
+            simulation={"length": 200, "tokens_per_second": 40, "ttft_ms": 0},
         )  # fmt: skip
-        ws = await ChatSocket.connect(server.ws_url, account.token)
+        ws = await ChatSocket.connect(following.ws_url, account.token)
         try:
             private_redis.kill()
             await ws.send({"type": "subscribe", "message_id": message["id"]})
@@ -131,8 +134,38 @@ async def test_a_websocket_subscription_while_redis_is_down_is_told_and_resumes(
                 events = await ws.events_until_done(message["id"])
         finally:
             await ws.close()
-        assert events[-1]["type"] == "done"
-        stored = await client.get(f"/api/messages/{message['id']}/", headers=auth(account.token))
-        assert (
-            "".join(e["text"] for e in events if e["type"] == "delta") == stored.json()["content"]
-        )
+        stored = await wait_for_status(client, account.token, message["id"])
+    assert events[-1]["type"] == "done"
+    assert "".join(e["text"] for e in events if e["type"] == "delta") == stored["content"]
+
+
+async def test_a_subscription_while_redis_is_down_follows_its_own_process_answer(
+    daphne, account, private_redis
+):
+    """A reader in the generating process is counted there, without Redis: it waits with
+    the generation while the log holds its appends, and gets every token once Redis is
+    back, as a reader that attached before the outage does."""
+    server = daphne("ws", REDIS_URL=private_redis.url, STREAM_HEARTBEAT_INTERVAL="0.5")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "hi",
+            simulation={"length": 200, "tokens_per_second": 40, "ttft_ms": 0},
+        )  # fmt: skip
+        ws = await ChatSocket.connect(server.ws_url, account.token)
+        try:
+            private_redis.kill()
+            await ws.send({"type": "subscribe", "message_id": message["id"]})
+            async with asyncio.timeout(30):
+                subscribed = await ws.recv_until("subscribed", message["id"])
+            assert subscribed[-1]["status"] == "streaming"
+            await asyncio.sleep(OUTAGE_SECONDS)
+            private_redis.start()
+            async with asyncio.timeout(60):
+                frames = await ws.recv_until("done", message["id"])
+        finally:
+            await ws.close()
+        stored = await wait_for_status(client, account.token, message["id"])
+    assert [f for f in frames if f["type"] == "error"] == []
+    assert stored["status"] == "complete", stored["termination"]
+    assert_exact([f for f in frames if "seq" in f and f["message_id"] == message["id"]], stored)

@@ -124,17 +124,17 @@ async def test_attach_and_detach_count_this_process_readers(presences: Presences
     one, two = presences.message_id(), presences.message_id()
     assert presence.idle.is_set()
     assert await presence.count(one) == 0
-    await presence.attach(one)
+    assert await presence.attach(one)
     assert not presence.idle.is_set()
-    await presence.attach(one)
-    await presence.attach(two, live=False)
+    assert await presence.attach(one)
+    assert not await presence.attach(two, live=False), "a finished message's: not shared"
     assert (await presence.count(one), await presence.count(two)) == (2, 1)
-    await presence.detach(one)
+    await presence.detach(one, shared=True)
     assert await presence.count(one) == 1
-    await presence.detach(one, ended=True)
+    await presence.detach(one, shared=True, ended=True)
     assert await presence.count(one) == 0
     assert not presence.idle.is_set(), "a reader of another message is still attached"
-    await presence.detach(two, live=False)
+    await presence.detach(two, shared=False)
     assert await presence.count(two) == 0
     assert presence.idle.is_set()
     await presence.attach(two)
@@ -146,12 +146,12 @@ async def test_a_generation_here_is_told_its_readers(presences: Presences) -> No
     presence, generation, _ = await generating_here(presences, grace=0.0)
     mid = generation.message_id
     assert not generation.readers_seen
-    await presence.attach(mid)
+    assert not await presence.attach(mid), "the generation is here: counted here only"
     assert generation.readers_seen
     await presence.attach(mid)
-    await presence.detach(mid)
+    await presence.detach(mid, shared=False)
     assert generation.cancel_reason is None, "one reader is left"
-    await presence.detach(mid)
+    await presence.detach(mid, shared=False)
     assert await status_at_end(generation) == Status.ABANDONED
 
 
@@ -159,8 +159,8 @@ async def test_a_generation_here_is_told_its_readers(presences: Presences) -> No
 async def test_a_reader_that_saw_the_end_does_not_abandon(presences: Presences) -> None:
     presence, generation, _ = await generating_here(presences, grace=0.0)
     mid = generation.message_id
-    await presence.attach(mid)
-    await presence.detach(mid, ended=True)
+    shared = await presence.attach(mid)
+    await presence.detach(mid, shared=shared, ended=True)
     assert generation.cancel_reason is None
     assert await presence.count(mid) == 0
     await generation.recount_readers()
@@ -179,12 +179,12 @@ async def test_a_generation_elsewhere_is_told_when_this_process_count_crosses_ze
         mid = presences.message_id()
         await presence.attach(mid)  # 0 -> 1
         await presence.attach(mid)  # 1 -> 2: the total cannot have crossed zero
-        await presence.detach(mid)  # 2 -> 1
-        await presence.detach(mid)  # 1 -> 0
+        await presence.detach(mid, shared=True)  # 2 -> 1
+        await presence.detach(mid, shared=True)  # 1 -> 0
         await presence.attach(mid, live=False)
-        await presence.detach(mid, live=False)
+        await presence.detach(mid, shared=False)
         await presence.attach(mid)  # 0 -> 1
-        await presence.detach(mid, ended=True)  # saw the end: nobody wants the news
+        await presence.detach(mid, shared=True, ended=True)  # saw the end: no one wants it
         got = await received.about(registry.control, mid)
     finally:
         await wire.close()
@@ -240,13 +240,18 @@ async def test_readers_count_in_live_processes_only(redis_presences: Presences) 
 async def test_readers_in_another_live_process_keep_a_generation(
     redis_presences: Presences,
 ) -> None:
+    from streaming.presence.redis import READERS_PREFIX, RedisPresence
+
     presence, generation, _ = await generating_here(redis_presences, grace=0.0)
     mid = generation.message_id
     there = redis_presences.make()
     await there.beat()
     await there.attach(mid)
-    await presence.attach(mid)
-    await presence.detach(mid)
+    assert not await presence.attach(mid)
+    assert isinstance(presence, RedisPresence)
+    counts = await presence.redis.hgetall(READERS_PREFIX + mid)
+    assert counts == {there.worker_id.encode(): b"1"}, "the reader here is counted here only"
+    await presence.detach(mid, shared=False)
     assert generation.cancel_reason is None, "a reader is attached in another process"
     await there.leave()  # that process died: its count no longer keeps the answer alive
     await generation.recount_readers()
@@ -275,5 +280,5 @@ async def test_a_burst_past_the_connection_bound_waits_its_turn() -> None:
         assert counts == [1] * len(message_ids)
     finally:
         for message_id in message_ids:
-            await presence.detach(message_id, live=True, ended=True)
+            await presence.detach(message_id, shared=True, ended=True)
         await presence.close()

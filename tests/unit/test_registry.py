@@ -211,15 +211,14 @@ async def test_a_readers_message_counts_the_readers_again() -> None:
     generation, _gate = await running(here, answer, grace=0.0)
     presence = here.presence
     mid = answer.message_id
-    await presence.attach(mid)
-    await presence.attach(mid)
+    shared = [await presence.attach(mid), await presence.attach(mid)]
     assert generation.readers_seen
     # A reader that saw the end does not notify; another process's change arrives as a
     # control message, and the generation counts again.
-    await presence.detach(mid, ended=True)
+    await presence.detach(mid, shared=shared[0], ended=True)
     await here.generations.on_control({"type": READERS, "mid": mid})
     assert generation.cancel_reason is None, "one reader is left"
-    await presence.detach(mid, ended=True)
+    await presence.detach(mid, shared=shared[1], ended=True)
     assert generation.cancel_reason is None
     await here.generations.on_control({"type": READERS, "mid": mid})
     assert await ended(generation) == Status.ABANDONED
