@@ -34,6 +34,8 @@ from streaming.transports.wsauth import WebSocketAuthMiddleware  # noqa: E402
 # Frames go out when written, not on the reactor's next writability pass; checks the server
 # hooks and says (log line, metric) when one cannot work.
 daphne.install_write_through()
+# POST bodies go to the application as they came, without Twisted's form parsing.
+daphne.install_raw_bodies()
 # After the SIGTERM drain, the server stops.
 get_runtime().lifecycle.on_stopped.append(daphne.stop_server)
 

@@ -159,3 +159,63 @@ def test_an_untested_twisted_is_reported(monkeypatch, caplog) -> None:
     assert "outside the tested range" in caplog.text
     assert hook_gauge(daphne.WRITE_THROUGH) == 0
     daphne._warned.clear()
+
+
+class DaphneServer:
+    """What Daphne's request asks of its server when it is made."""
+
+    def __init__(self) -> None:
+        self.connected: list[object] = []
+
+    def protocol_connected(self, protocol: object) -> None:
+        self.connected.append(protocol)
+
+
+@pytest.fixture
+def loopback() -> Iterator[tcp.Server]:
+    """A Twisted TCP server connection on a real loopback connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    ours, address = listener.accept()
+    ours.setblocking(False)
+    protocol = Protocol()
+    connection = tcp.Server(ours, protocol, address, None, 1, RecordingReactor())
+    protocol.makeConnection(connection)
+    yield connection
+    for sock in (ours, client, listener):
+        sock.close()
+
+
+def test_a_post_body_reaches_the_application_without_twisteds_form_parsing(
+    loopback, monkeypatch
+) -> None:
+    """Twisted parses a form body into ``request.args`` (and every POST's Content-Type)
+    unless the hook is on; with it, Daphne's request keeps the raw body untouched."""
+    from daphne.http_protocol import WebRequest
+    from twisted.web import http
+
+    assert daphne.install_raw_bodies()
+    parsed: list[bytes] = []
+    real = http._parseContentType
+    monkeypatch.setattr(http, "_parseContentType", lambda line: parsed.append(line) or real(line))
+    monkeypatch.setattr(WebRequest, "process", lambda self: None)  # the ASGI side: not here
+    channel = http.HTTPChannel()
+    channel.transport = loopback
+    channel.factory = type("Factory", (), {"server": DaphneServer()})()
+
+    def received(factory: type) -> object:
+        request = factory(channel)
+        form = [b"application/x-www-form-urlencoded"]
+        request.requestHeaders.setRawHeaders(b"content-type", form)
+        request.gotLength(7)
+        request.handleContentChunk(b"a=1&b=2")
+        request.requestReceived(b"POST", b"/x", b"HTTP/1.1")
+        return request
+
+    plain = received(http.Request)
+    assert plain.args == {b"a": [b"1"], b"b": [b"2"]} and parsed, "Twisted parses forms"
+    parsed.clear()
+    ours = received(WebRequest)
+    assert ours.args == {} and parsed == []
+    assert ours.content.read() == b"a=1&b=2"
+    assert hook_gauge(daphne.RAW_BODIES) == 1
