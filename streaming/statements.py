@@ -138,10 +138,7 @@ def insert_then_update(groups: Sequence[Sequence[Model]], obj: Model, names: Seq
             insert(group)
         update(obj, names)
         return
-    model = type(obj)
-    usql, uparams = _update_parts(
-        model, {n: _field(model, n).pre_save(obj, False) for n in names}, {"pk": obj.pk}, alias
-    )
+    usql, uparams = _update_parts(type(obj), _saved(obj, names), {"pk": obj.pk}, alias)
     ctes, params, reads, returns = [], [], [], []
     for i, group in enumerate(groups):
         sql, group_params, returning = _insert_parts(group, alias)
@@ -204,9 +201,9 @@ Step = tuple[type[Model], Mapping[str, Any], Mapping[str, Any]]
 
 def update_chain(steps: Sequence[Step]) -> bool:
     """``update_rows`` for each step in order, each only when the step before it changed a
-    row; whether the first changed any. On PostgreSQL one statement (each
-    step a data-modifying CTE guarded by ``EXISTS`` over the one before, which also takes
-    the rows' locks in the steps' order), elsewhere a transaction. The steps update
+    row; whether the first changed any. On PostgreSQL one statement (each step a
+    data-modifying CTE guarded by ``EXISTS`` over the one before, which also takes the
+    rows' locks in the steps' order), elsewhere a transaction. The steps update
     different tables (a row changed twice in one statement is undefined there). Atomic."""
     alias, connection = _connection(steps[0][0])
     if not _one_statement(connection):
@@ -235,8 +232,13 @@ def update_chain(steps: Sequence[Step]) -> bool:
 def update(obj: Model, names: Sequence[str]) -> None:
     """``obj.save(update_fields=names)`` in one statement (an ``auto_now`` field among
     ``names`` gets the time now, as ``save`` gives it)."""
+    update_rows(type(obj), _saved(obj, names), pk=obj.pk)
+
+
+def _saved(obj: Model, names: Sequence[str]) -> dict[str, Any]:
+    """The values ``save(update_fields=names)`` would store (``auto_now`` applied)."""
     model = type(obj)
-    update_rows(model, {n: _field(model, n).pre_save(obj, False) for n in names}, pk=obj.pk)
+    return {n: _field(model, n).pre_save(obj, False) for n in names}
 
 
 # --- reads in the creating transaction ----------------------------------------------------
