@@ -33,6 +33,14 @@ class ReadersListener(Protocol):
         """Tell the process generating ``message_id`` that its readers changed."""
 
 
+def _decrement(counts: dict[str, int], key: str) -> int:
+    """One less of ``key`` in ``counts`` (a key at zero is removed); what is left."""
+    left = counts.pop(key, 0) - 1
+    if left > 0:
+        counts[key] = left
+    return max(left, 0)
+
+
 class Presence(abc.ABC):
     def __init__(self, *, worker_id: str, listener: ReadersListener) -> None:
         self.worker_id = worker_id
@@ -68,17 +76,11 @@ class Presence(abc.ABC):
         """``shared``: what ``attach`` returned. ``ended``: the reader saw the answer's
         end, so no generation can want the news (a shared count is still published: a
         later Continue counts readers again)."""
-        left = self.local.get(message_id, 0) - 1
-        if left > 0:
-            self.local[message_id] = left
-        else:
-            self.local.pop(message_id, None)
-            if not self.local:
-                self.idle.set()
+        left = _decrement(self.local, message_id)
+        if not self.local:
+            self.idle.set()
         if shared:
-            still = self.shared.pop(message_id, 0) - 1
-            if still > 0:
-                self.shared[message_id] = still
+            _decrement(self.shared, message_id)
             await self.publish(message_id, -1, notify=not ended)
         elif not ended and self.listener.generating(message_id):
             # The last reader here may have left: the count is then the other processes'.
