@@ -9,12 +9,19 @@ matches.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.faults.readers import Reader, assert_exact
-from tests.support.clients import auth, create_conversation, post_message, wait_for_status
+from tests.support.clients import (
+    auth,
+    create_conversation,
+    post_message,
+    text_of,
+    wait_for_status,
+)
 from tests.support.wsclient import ChatSocket
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.redis]
@@ -59,8 +66,7 @@ async def test_redis_restart_mid_stream_loses_nothing(daphne, account, private_r
         async with asyncio.timeout(30):
             await late.run()
         assert late.events[-1]["type"] == "done"
-        late_text = "".join(e["text"] for e in late.events if e["type"] == "delta")
-        assert late_text == persisted["content"]
+        assert text_of(late.events) == persisted["content"]
 
 
 async def test_redis_restart_then_a_crash_keeps_the_text_from_its_first_character(
@@ -105,6 +111,15 @@ async def test_redis_restart_then_a_crash_keeps_the_text_from_its_first_characte
         assert persisted["content"].startswith(first)
 
 
+async def streaming_answer(client: httpx.AsyncClient, token: str) -> dict[str, Any]:
+    """An answer that streams for about 5 s, long enough to outlive the outage's start."""
+    conversation = await create_conversation(client, token)
+    return await post_message(
+        client, token, conversation, "hi",
+        simulation={"length": 200, "tokens_per_second": 40, "ttft_ms": 0},
+    )  # fmt: skip
+
+
 async def test_a_websocket_subscription_while_redis_is_down_is_told_and_resumes(
     daphne, account, private_redis
 ):
@@ -115,11 +130,7 @@ async def test_a_websocket_subscription_while_redis_is_down_is_told_and_resumes(
     generating = daphne("gen", **env)
     following = daphne("ws", **env)
     async with httpx.AsyncClient(base_url=generating.url, timeout=30) as client:
-        conversation = await create_conversation(client, account.token)
-        message = await post_message(
-            client, account.token, conversation, "hi",
-            simulation={"length": 200, "tokens_per_second": 40, "ttft_ms": 0},
-        )  # fmt: skip
+        message = await streaming_answer(client, account.token)
         ws = await ChatSocket.connect(following.ws_url, account.token)
         try:
             private_redis.kill()
@@ -136,7 +147,7 @@ async def test_a_websocket_subscription_while_redis_is_down_is_told_and_resumes(
             await ws.close()
         stored = await wait_for_status(client, account.token, message["id"])
     assert events[-1]["type"] == "done"
-    assert "".join(e["text"] for e in events if e["type"] == "delta") == stored["content"]
+    assert text_of(events) == stored["content"]
 
 
 async def test_a_subscription_while_redis_is_down_follows_its_own_process_answer(
@@ -147,11 +158,7 @@ async def test_a_subscription_while_redis_is_down_follows_its_own_process_answer
     back, as a reader that attached before the outage does."""
     server = daphne("ws", REDIS_URL=private_redis.url, STREAM_HEARTBEAT_INTERVAL="0.5")
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-        conversation = await create_conversation(client, account.token)
-        message = await post_message(
-            client, account.token, conversation, "hi",
-            simulation={"length": 200, "tokens_per_second": 40, "ttft_ms": 0},
-        )  # fmt: skip
+        message = await streaming_answer(client, account.token)
         ws = await ChatSocket.connect(server.ws_url, account.token)
         try:
             private_redis.kill()
