@@ -13,10 +13,10 @@ import contextlib
 from collections.abc import Coroutine
 from typing import Any
 
-from channels.generic.http import AsyncHttpConsumer
+from streaming.transports.dispatch import LoopHttpConsumer
 
 
-class TaskedHttpConsumer(AsyncHttpConsumer):
+class TaskedHttpConsumer(LoopHttpConsumer):
     task: asyncio.Task[None] | None = None
 
     def respond_in_task(self, response: Coroutine[Any, Any, None]) -> None:

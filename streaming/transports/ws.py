@@ -23,8 +23,6 @@ import math
 import time
 from typing import Any
 
-from channels.generic.websocket import AsyncWebsocketConsumer
-
 from streaming import events, selectors
 from streaming.auth import authenticate, user_for_token
 from streaming.conf import streaming_settings
@@ -42,6 +40,7 @@ from streaming.services import (
 )
 from streaming.storable import is_storable
 from streaming.transports.daphne import SendBuffer, frame_send
+from streaming.transports.dispatch import LoopWebsocketConsumer
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ class FrameError(Exception):
         self.ref = ref
 
 
-class ChatConsumer(AsyncWebsocketConsumer):
+class ChatConsumer(LoopWebsocketConsumer):
     async def connect(self) -> None:
         # Accept first; the user is resolved meanwhile and awaited by the first frame.
         self.user: Any = None

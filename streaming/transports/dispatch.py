@@ -1,0 +1,46 @@
+"""Consumer bases that handle their messages on the event loop alone.
+
+Channels (>= 4.2) calls ``close_old_connections`` through ``sync_to_async`` around every
+message a consumer handles (each WebSocket frame, the connect, the disconnect): outside a
+request that is the process's one thread-sensitive thread, so the frames of every socket
+of the process queue behind each other there, and each costs two thread handoffs. The
+ORM is never used on that thread here: a consumer's database work goes through
+``streaming.database.run``, whose threads close their connections after every call. So
+the streaming consumers dispatch without that call; what a handler does is unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
+from channels.generic.http import AsyncHttpConsumer
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+
+async def _dispatch(consumer: Any, message: dict[str, Any]) -> None:
+    handler = getattr(consumer, get_handler_name(message), None)
+    if handler is None:
+        raise ValueError(f"No handler for message type {message['type']}")
+    await handler(message)
+
+
+class LoopWebsocketConsumer(AsyncWebsocketConsumer):
+    """No channel layer is configured, so a socket is in no group to leave."""
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        await _dispatch(self, message)
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        await self.disconnect(message["code"])
+        raise StopConsumer()
+
+
+class LoopHttpConsumer(AsyncHttpConsumer):
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        await _dispatch(self, message)
+
+    async def http_disconnect(self, message: dict[str, Any]) -> None:
+        await self.disconnect()
+        raise StopConsumer()
