@@ -8,9 +8,9 @@ process. On PostgreSQL the writes of each go in one statement (writable CTEs), a
 trip each instead of one per row, and an answer's end needs no transaction of its own.
 Here each statement's text is built once per model from the model's own metadata;
 values are prepared by the model's fields (``pre_save``, ``get_db_prep_save``) and rows
-come back through ``raw()``, which applies the fields' converters. So what is written
-and read is what ``objects.create``/``save``/a queryset would give, on PostgreSQL and
-SQLite alike.
+come back through a ``rows.Reader``, which applies the fields' converters as ``raw()``
+does. So what is written and read is what ``objects.create``/``save``/a queryset would
+give, on PostgreSQL and SQLite alike.
 
 Not sent: model signals. Nothing listens to the saves of these models (a unit test
 checks that no receiver is connected); one added later needs the ORM's ``save``.
@@ -31,6 +31,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model
 
 from streaming.models import Conversation, Message
+from streaming.rows import Reader
 from streaming.termination import Status
 
 M = TypeVar("M", bound=Model)
@@ -243,7 +244,7 @@ def _saved(obj: Model, names: Sequence[str]) -> dict[str, Any]:
 
 # --- reads in the creating transaction ----------------------------------------------------
 @functools.cache
-def _lock_conversation_sql(alias: str) -> str:
+def _lock_conversation(alias: str) -> Reader[Conversation]:
     connection = connections[alias]
     user = get_user_model()
     conversation, owner = _table(connection, Conversation), _table(connection, user)
@@ -256,7 +257,7 @@ def _lock_conversation_sql(alias: str) -> str:
     )
     if connection.features.has_select_for_update_of:
         sql += f" FOR UPDATE OF {conversation}, {owner}"
-    return sql
+    return Reader(Conversation, alias, sql)
 
 
 def lock_conversation(user_pk: Any, conversation_id: Any) -> Conversation | None:
@@ -265,7 +266,7 @@ def lock_conversation(user_pk: Any, conversation_id: Any) -> Conversation | None
     alias, connection = _connection(Conversation)
     key = _field(Conversation, "pk")
     params = [key.get_db_prep_value(conversation_id, connection), user_pk]
-    rows = list(Conversation.objects.using(alias).raw(_lock_conversation_sql(alias), params))
+    rows = _lock_conversation(alias).fetch(params)
     return rows[0] if rows else None
 
 
@@ -315,14 +316,15 @@ def running_answers(user_pk: Any) -> int:
 
 
 @functools.cache
-def _messages_sql(alias: str) -> str:
+def _messages(alias: str) -> Reader[Message]:
     connection = connections[alias]
     columns = ", ".join(_column(connection, Message, name) for name in PROMPT_FIELDS)
     order = ", ".join(_column(connection, Message, name) for name in ("created_at", "id"))
-    return (
+    sql = (
         f"SELECT {columns} FROM {_table(connection, Message)}"
         f" WHERE {_column(connection, Message, 'conversation')} = %s ORDER BY {order}"
     )
+    return Reader(Message, alias, sql)
 
 
 def messages_of(conversation_id: Any) -> list[Message]:
@@ -330,4 +332,4 @@ def messages_of(conversation_id: Any) -> list[Message]:
     alias, connection = _connection(Message)
     key = _field(Conversation, "pk")
     params = [key.get_db_prep_value(conversation_id, connection)]
-    return list(Message.objects.using(alias).raw(_messages_sql(alias), params))
+    return _messages(alias).fetch(params)

@@ -24,6 +24,8 @@ from typing import Any
 
 from django.db import connections, router
 
+from streaming.rows import Reader
+
 # Entries kept at most (least recently used go first).
 MAX_ENTRIES = 10_000
 # The control message that drops a user's entries in every process: {"type", "user"}.
@@ -116,7 +118,7 @@ class TokenCache:
 
 
 @functools.cache
-def _lookup_sql(alias: str) -> str:
+def _lookup_reader(alias: str) -> Reader[Any]:
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
@@ -126,23 +128,23 @@ def _lookup_sql(alias: str) -> str:
     users, keys = name(user._meta.db_table), name(Token._meta.db_table)
     token_user = Token._meta.get_field("user")
     key = Token._meta.get_field("key")
-    return (
+    sql = (
         f"SELECT {users}.* FROM {users} INNER JOIN {keys}"
         f" ON {keys}.{name(token_user.column)} = {users}.{name(user._meta.pk.column)}"
         f" WHERE {keys}.{name(key.column)} = %s"
     )
+    return Reader(user, alias, sql)
 
 
 def _lookup(key: str) -> Any | None:
     """The user of token ``key`` from the database (None: no such token), by SQL built
     once: the ORM compiled ``Token.objects.select_related("user").get(key=...)`` anew for
-    every lookup, several times the cost of the query itself. ``raw()`` applies the
+    every lookup, several times the cost of the query itself. The reader applies the
     fields' converters, so the user is what that query would give."""
-    from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
     alias = router.db_for_read(Token)
-    rows = list(get_user_model().objects.using(alias).raw(_lookup_sql(alias), [key]))
+    rows = _lookup_reader(alias).fetch([key])
     return rows[0] if rows else None
 
 
