@@ -25,6 +25,7 @@ from channels.sessions import SessionMiddlewareStack  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
+from chatsite import collector  # noqa: E402
 from chatsite.routing import http_urlpatterns, websocket_urlpatterns  # noqa: E402
 from streaming.runtime import get_runtime  # noqa: E402
 from streaming.transports import daphne  # noqa: E402
@@ -95,3 +96,6 @@ application = StartRuntime(
         }
     )
 )
+
+# Everything alive now lives as long as the process: out of the collector's way.
+collector.tune(settings.GC_THRESHOLD)

@@ -151,6 +151,9 @@ DATABASE_THREADS = env_int("DATABASE_THREADS", 4)
 # no thread and no connection, so a burst of thousands of POSTs queues instead of piling
 # thousands of threads onto the pool. Streams are not Django requests and never wait here.
 REQUEST_CONCURRENCY = env_int("REQUEST_CONCURRENCY", 32)
+# Allocations between young-generation garbage collections in a serving process, whose
+# start-up objects are frozen out of collections (chatsite.collector); 0: Python's own.
+GC_THRESHOLD = env_int("GC_THRESHOLD", 10_000)
 
 # Redis (the event log, presence and control: the STREAMING backends below). No Channels
 # layer is configured: nothing uses one (control has its own connection, tokens never
