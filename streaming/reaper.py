@@ -44,8 +44,14 @@ class Orphan:
 
 
 def _streaming_workers() -> list[str]:
+    """Each process with a segment streaming, once. Without ``order_by()`` the model's
+    ordering joined the messages and went into the ``DISTINCT``: a row per streaming
+    segment, and a heartbeat lookup per row, on every pass."""
     return list(
-        Segment.objects.filter(status=Status.STREAMING).values_list("worker", flat=True).distinct()
+        Segment.objects.filter(status=Status.STREAMING)
+        .order_by()
+        .values_list("worker", flat=True)
+        .distinct()
     )
 
 

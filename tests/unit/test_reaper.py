@@ -113,6 +113,27 @@ async def test_a_dead_process_segment_is_finished_from_the_log(
     assert interrupted == [(Reaper, answer.message_id)]
 
 
+class CountingPresence(MemoryPresence):
+    """Memory presence that records which workers each pass asks about."""
+
+    asked: list[list[str]]
+
+    async def dead(self, workers: list[str]) -> list[str]:
+        self.asked.append(list(workers))
+        return await super().dead(workers)
+
+
+async def test_a_pass_asks_about_each_streaming_process_once() -> None:
+    busy, other = dead_worker(), dead_worker()
+    for worker in (busy, busy, busy, other):
+        await create_answer(worker)
+    presence = CountingPresence(worker_id="tests:reaper:me", listener=Generations(MemoryControl()))
+    presence.asked = []
+    assert await reaper_of(presence).reap() == 0  # missing, not yet for a heartbeat timeout
+    [asked] = presence.asked
+    assert sorted(asked) == sorted([busy, other])
+
+
 async def test_another_reaper_cannot_finish_it_twice() -> None:
     worker = dead_worker()
     answer = await create_answer(worker)
