@@ -37,6 +37,8 @@ from streaming.transports.wsauth import WebSocketAuthMiddleware  # noqa: E402
 daphne.install_write_through()
 # POST bodies go to the application as they came, without Twisted's form parsing.
 daphne.install_raw_bodies()
+# Daphne's reply path uses Twisted's HTTP module itself, not its deprecation proxy.
+daphne.install_plain_http()
 # After the SIGTERM drain, the server stops.
 get_runtime().lifecycle.on_stopped.append(daphne.stop_server)
 

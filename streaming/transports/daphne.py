@@ -21,6 +21,12 @@ Two things the product needs are not in ASGI:
   hands the raw body to the application, which parses it (1.2 % of the *users*
   benchmark's CPU). ``install_raw_bodies`` turns Twisted's form parsing off for Daphne's
   requests; the application sees the same bytes.
+- **A plain HTTP module.** ``twisted.web.http`` is replaced in ``sys.modules`` by
+  Twisted's deprecation proxy (for one deprecated name, ``HTTPClient``), so every
+  ``http.Request.write`` Daphne makes per response body frame went through the proxy's
+  ``__getattribute__`` (2 % of the CPU with 1,000 SSE streams). ``install_plain_http``
+  gives Daphne's modules the module behind the proxy; Daphne uses none of the deprecated
+  names, and everything else sees the proxy as before.
 
 All are checked when the process starts (``check_server``: the versions are the tested
 ones, the attributes exist) and when used. When one cannot work, a warning is logged once
@@ -33,6 +39,7 @@ report themselves unavailable and do nothing.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import logging
 from collections.abc import Callable, Iterable
@@ -46,13 +53,18 @@ log = logging.getLogger(__name__)
 SEND_BUFFER = "send_buffer"
 WRITE_THROUGH = "write_through"
 RAW_BODIES = "raw_bodies"
-HOOKS = (SEND_BUFFER, WRITE_THROUGH, RAW_BODIES)
+PLAIN_HTTP = "plain_http"
+HOOKS = (SEND_BUFFER, WRITE_THROUGH, RAW_BODIES, PLAIN_HTTP)
 # What each hook's absence costs, for the warning.
 WITHOUT = {
     SEND_BUFFER: "the per-connection memory bound is off",
     WRITE_THROUGH: "frames wait",
     RAW_BODIES: "Twisted parses every POST for forms",
+    PLAIN_HTTP: "every response write looks Twisted's HTTP module up through a proxy",
 }
+# Daphne's modules that name ``twisted.web.http`` as ``http``, and what they use of it.
+DAPHNE_HTTP_USERS = ("daphne.http_protocol", "daphne.server")
+DAPHNE_HTTP_NAMES = ("Request", "HTTPFactory", "HTTPChannel", "H2_ENABLED")
 # The Twisted releases these hooks are tested against (also pyproject.toml's range).
 TESTED_TWISTED = ((24, 7), (27, 0))
 # What the hooks read or call on Twisted's TCP connections.
@@ -224,6 +236,43 @@ def install_raw_bodies() -> bool:
     request.__init__ = __init__
     request.raw_bodies = True
     metrics.SERVER_HOOKS.labels(hook=RAW_BODIES).set(1)
+    return True
+
+
+def install_plain_http() -> bool:
+    """Daphne's modules use ``twisted.web.http`` itself, not its deprecation proxy; False
+    (and reported) when they cannot."""
+    if not check_server():
+        unavailable(PLAIN_HTTP, "the server check failed")
+        return False
+    try:
+        users = [importlib.import_module(name) for name in DAPHNE_HTTP_USERS]
+    except ImportError:
+        unavailable(PLAIN_HTTP, "not served by Daphne")
+        return False
+    from twisted.python import deprecate
+    from twisted.web import http
+
+    proxy: Any = http
+    if isinstance(proxy, deprecate._ModuleProxy):
+        try:
+            module = object.__getattribute__(proxy, "_module")
+            deprecated = set(object.__getattribute__(proxy, "_deprecatedAttributes"))
+        except AttributeError as exc:
+            unavailable(PLAIN_HTTP, f"Twisted's deprecation proxy changed shape: {exc}")
+            return False
+        if deprecated & set(DAPHNE_HTTP_NAMES):
+            unavailable(PLAIN_HTTP, f"Daphne uses deprecated names: {sorted(deprecated)}")
+            return False
+    else:
+        module = proxy  # no proxy (a later Twisted): nothing to go around
+    for user in users:
+        if getattr(user, "http", None) is not proxy and getattr(user, "http", None) is not module:
+            unavailable(PLAIN_HTTP, f"{user.__name__} does not name twisted.web.http as http")
+            return False
+    for user in users:
+        user.http = module  # type: ignore[attr-defined]
+    metrics.SERVER_HOOKS.labels(hook=PLAIN_HTTP).set(1)
     return True
 
 

@@ -9,9 +9,12 @@ did not take.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import socket
+import sys
 import tomllib
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -219,3 +222,18 @@ def test_a_post_body_reaches_the_application_without_twisteds_form_parsing(
     assert ours.args == {} and parsed == []
     assert ours.content.read() == b"a=1&b=2"
     assert hook_gauge(daphne.RAW_BODIES) == 1
+
+
+def test_daphne_replies_through_twisteds_http_module_not_its_deprecation_proxy() -> None:
+    from twisted.python import deprecate
+    from twisted.web import http
+
+    assert isinstance(http, deprecate._ModuleProxy), "what the hook goes around"
+    assert daphne.install_plain_http()
+    assert daphne.install_plain_http()  # again: nothing changes
+    for name in daphne.DAPHNE_HTTP_USERS:  # ``import daphne`` would shadow the module here
+        module = importlib.import_module(name)
+        assert type(module.http) is types.ModuleType
+        assert module.http.Request is http.Request
+    assert type(sys.modules["twisted.web.http"]) is deprecate._ModuleProxy  # for the rest
+    assert hook_gauge(daphne.PLAIN_HTTP) == 1
