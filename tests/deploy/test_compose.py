@@ -56,6 +56,7 @@ SAFE_DEFAULTS = {
     "DAPHNE_LOG_LEVEL",  # WARNING: Daphne's own lines stay out of the logs
     "DAPHNE_PING_INTERVAL",
     "DAPHNE_PING_TIMEOUT",
+    "GC_THRESHOLD",
     "WEB_BIND",
 }
 # Read only by the test suite.
