@@ -42,8 +42,9 @@ import functools
 import importlib
 import inspect
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from importlib import metadata
+from types import ModuleType
 from typing import Any
 
 from streaming import metrics
@@ -210,17 +211,25 @@ def install_write_through() -> bool:
     return True
 
 
+def _daphne_modules(hook: str, names: Sequence[str]) -> list[ModuleType] | None:
+    """Daphne's modules ``names`` for ``hook``; None (and reported) when the server check
+    fails or Daphne is not serving."""
+    if not check_server():
+        unavailable(hook, "the server check failed")
+        return None
+    try:
+        return [importlib.import_module(name) for name in names]
+    except ImportError:
+        unavailable(hook, "not served by Daphne")
+        return None
+
+
 def install_raw_bodies() -> bool:
     """Daphne's requests skip Twisted's form parsing; False (and reported) when they cannot."""
-    if not check_server():
-        unavailable(RAW_BODIES, "the server check failed")
+    found = _daphne_modules(RAW_BODIES, ["daphne.http_protocol"])
+    if found is None:
         return False
-    try:
-        from daphne.http_protocol import WebRequest
-    except ImportError:
-        unavailable(RAW_BODIES, "not served by Daphne")
-        return False
-    request: Any = WebRequest
+    request: Any = found[0].WebRequest
     if getattr(request, "raw_bodies", False):
         return True
     parameters = inspect.signature(request.__mro__[1].__init__).parameters
@@ -242,13 +251,8 @@ def install_raw_bodies() -> bool:
 def install_plain_http() -> bool:
     """Daphne's modules use ``twisted.web.http`` itself, not its deprecation proxy; False
     (and reported) when they cannot."""
-    if not check_server():
-        unavailable(PLAIN_HTTP, "the server check failed")
-        return False
-    try:
-        users = [importlib.import_module(name) for name in DAPHNE_HTTP_USERS]
-    except ImportError:
-        unavailable(PLAIN_HTTP, "not served by Daphne")
+    users = _daphne_modules(PLAIN_HTTP, DAPHNE_HTTP_USERS)
+    if users is None:
         return False
     from twisted.python import deprecate
     from twisted.web import http
