@@ -4,8 +4,9 @@
 copy of its ``Query``) and works out again which column is which field and which
 converters apply; for the reads every answer makes (the locking read, the prompt's
 messages, a token's user) that cost more CPU than the statement itself. A ``Reader``
-works that out once, from the first result's columns, and then only runs the statement:
-the rows go through the fields' converters (the database's and the field's own, as the
+works that out once per set of columns a result has (a migration can change what
+``SELECT *`` returns under a running process), and then only runs the statement: the
+rows go through the fields' converters (the database's and the field's own, as the
 ORM applies them) into ``Model.from_db``, so an instance is what ``raw()`` would give,
 with the fields not selected deferred. Every column must be a concrete field of the
 model (no annotations).
@@ -28,6 +29,7 @@ Converter = Callable[[Any, Any, Any], Any]
 
 @dataclass(frozen=True)
 class _Plan:
+    columns: list[str]  # the result's columns, as the cursor names them
     names: list[str]  # attnames, in the model's field order (``from_db``'s)
     positions: list[int]  # where each of them is in a row
     converters: list[tuple[int, list[Converter], Any]]  # (position, converters, column)
@@ -47,7 +49,10 @@ class Reader(Generic[M]):
         connection = connections[self.alias]
         with connection.cursor() as cursor:
             cursor.execute(self.sql, params)
-            plan = self._plan or self._make_plan([column[0] for column in cursor.description])
+            columns = [column[0] for column in cursor.description]
+            plan = self._plan
+            if plan is None or plan.columns != columns:
+                plan = self._make_plan(columns)
             rows = cursor.fetchall()
         instances = []
         for row in rows:
@@ -63,7 +68,7 @@ class Reader(Generic[M]):
 
     def _make_plan(self, columns: list[str]) -> _Plan:
         with self._planning:
-            if self._plan is None:
+            if self._plan is None or self._plan.columns != columns:
                 self._plan = self._planned(columns)
             return self._plan
 
@@ -87,6 +92,7 @@ class Reader(Generic[M]):
             for position, (found, column) in compiler.get_converters(cols).items()
         ]
         return _Plan(
+            columns=columns,
             names=[fields[position].attname for position in positions],
             positions=positions,
             converters=converters,
