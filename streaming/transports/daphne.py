@@ -1,6 +1,7 @@
 """Every touch of Daphne's and Twisted's internals, checked, in one place.
 
-Two things the product needs are not in ASGI:
+What the product needs of the server that ASGI does not give, and what the server's own
+path costs besides:
 
 - **The per-connection memory bound.** Daphne applies no backpressure: ``send()`` never
   waits and Twisted buffers without limit for a client that stops reading.
