@@ -203,12 +203,21 @@ class Hub:
         return topic.after(seq) if topic is not None else []
 
     async def read(
-        self, message_id: str, after: int, idle_timeout: float | None = None
+        self,
+        message_id: str,
+        after: int,
+        idle_timeout: float | None = None,
+        *,
+        settled: int = 0,
     ) -> AsyncIterator[list[Event] | None]:
-        """Yield batches of events after ``after`` until a batch ends with ``done``.
+        """Yield batches of events after ``after`` until a batch ends with a ``done``
+        after ``settled``.
 
-        Yields ``None`` when nothing arrived for ``idle_timeout`` seconds, so transports
-        can send keep-alives without a timer of their own.
+        ``settled``: the seq the message's earlier segments end at (a Continue goes on
+        after them), so a reader from before it reads past their ``done`` events to the
+        end of the segment streaming now. Yields ``None`` when nothing arrived for
+        ``idle_timeout`` seconds, so transports can send keep-alives without a timer of
+        their own.
         """
         topic = self._topic(message_id)
         reader = next(self._ids)
@@ -231,10 +240,10 @@ class Hub:
                     if idle is not None:
                         idle.active()
                     yield batch
-                    if batch[-1]["type"] == DONE:
+                    if batch[-1]["type"] == DONE and cursor > settled:
                         return
                     continue
-                if topic.ended and topic.events and topic.events[-1]["seq"] <= cursor:
+                if topic.ended and topic.events and settled < topic.events[-1]["seq"] <= cursor:
                     return
                 if not topic.local:
                     self._ensure_follower(topic, cursor)

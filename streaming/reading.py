@@ -164,6 +164,11 @@ class Subscription:
         self.first_reasoning_written = self.first_delta_written
         self.last_delta_at: float | None = None
         self.ended_status: str | None = None
+        # A `done` after this seq ends the stream; the ones at or below it end earlier
+        # segments. A streaming message's stored seq covers its earlier segments (a
+        # Continue starts after it) and never its current segment's `done` (the record
+        # turns final with it); a finished message ends with its last `done`.
+        self.ends_after = state.last_seq - 1 if state.final else state.last_seq
 
     async def frames(self, ping_interval: float | None) -> AsyncIterator[list[events.Event] | None]:
         """Merged batches to write, or ``None`` when a keep-alive is due."""
@@ -180,7 +185,9 @@ class Subscription:
             if self.state.final:
                 source = self._finished()
             else:
-                source = self.hub.read(message_id, self.cursor, idle_timeout=ping_interval)
+                source = self.hub.read(
+                    message_id, self.cursor, idle_timeout=ping_interval, settled=self.ends_after
+                )
             min_interval = streaming_settings.MIN_WRITE_INTERVAL
             last_write = 0.0
             async for batch in source:
@@ -292,11 +299,10 @@ class Subscription:
             logged = await log.read(message_id, cursor, limit=page)
 
     def _ends(self, event: events.Event) -> bool:
-        """Whether ``event`` ends this reader's stream: a ``done`` ends a live segment;
-        a finished message's replay ends with its last ``done``, not an earlier segment's."""
-        if event["type"] != events.DONE:
-            return False
-        return not self.state.final or event["seq"] >= self.state.last_seq
+        """Whether ``event`` ends this reader's stream: the ``done`` of the segment
+        streaming when it subscribed, or a finished message's last, never an earlier
+        segment's."""
+        return event["type"] == events.DONE and int(event["seq"]) > self.ends_after
 
     async def _wait_for_client(self) -> None:
         probe = self.send_buffer

@@ -118,6 +118,38 @@ def test_stop_then_continue_extends_the_same_bubble(open_chat, transport):
     assert content.inner_text() == final["content"]
 
 
+@pytest.mark.parametrize("transport", ["sse", "ws"])
+def test_a_page_opened_while_a_continue_streams_follows_the_continue(open_chat, transport):
+    """The page replays the answer from its first event: the first segment's end (Stopped
+    by you) is not the answer's end while its Continue streams."""
+    chat = open_chat()
+    page = chat.page
+    chat.use_transport(transport)
+    # Four tokens, then silence: in each segment (the Continue goes on for four more).
+    answer = chat.ask("count", text=COUNTING, stall_after_tokens=4, tokens_per_second=100)
+    content = chat.content(answer)
+    expect(content).to_have_text("One two three four")
+    page.get_by_role("button", name="Stop").click()
+    expect(answer).to_have_attribute("data-status", "cancelled")
+    answer.locator(".cut-off").get_by_role("button", name="Continue").click()
+    expect(content).to_have_text("One two three four five six seven eight")
+
+    page.reload()
+    chat.wait_ready()
+    answer = page.locator("article.assistant").last
+    content = chat.content(answer)
+    expect(content).to_have_text("One two three four five six seven eight")
+    expect(answer).to_have_attribute("data-connection", "live")
+    expect(answer.locator(".cut-off")).to_be_hidden()
+    # Still following it: Stop ends the Continue, and the page shows that end.
+    page.get_by_role("button", name="Stop").click()
+    expect(answer).to_have_attribute("data-status", "cancelled")
+    final = chat.server_message(answer)
+    assert [s["status"] for s in final["segments"]] == ["cancelled", "cancelled"]
+    assert content.inner_text() == final["content"] == "One two three four five six seven eight"
+    assert chat.errors == []
+
+
 def test_max_tokens_then_continue_with_the_keyboard_alone(open_chat):
     chat = open_chat()
     page = chat.page

@@ -243,3 +243,63 @@ async def test_a_cut_mid_character_keeps_whole_characters_and_continue_completes
         assert "\ufffd" not in whole["content"]
         assert text.startswith(whole["content"]) or whole["content"].startswith(text)
         assert len(whole["content"]) > len(cut["content"])
+
+
+async def _whole_answer_over_sse(client, token, message_id: str) -> list[dict]:
+    return [e.data for e in (await read_sse(client, token, message_id, after=0)).events]
+
+
+async def _whole_answer_over_ws(server, token, message_id: str) -> list[dict]:
+    ws = await ChatSocket.connect(server.ws_url, token)
+    await ws.send({"type": "subscribe", "message_id": message_id, "after": 0})
+    events: list[dict] = []
+    try:
+        async with asyncio.timeout(30):
+            while not events or events[-1]["type"] != "done" or events[-1]["segment"] < 1:
+                frame = await ws.recv()
+                if frame.get("message_id") == message_id and "seq" in frame:
+                    events.append(frame)
+    finally:
+        await ws.close()
+    return events
+
+
+@pytest.mark.parametrize("reader", ["sse", "ws", "sse-elsewhere"])
+async def test_a_reader_from_the_start_of_a_continued_answer_follows_it_to_its_new_end(
+    request, daphne, account, reader
+):
+    """While a Continue streams, a reader from seq 0 (a page opened or reloaded then) gets
+    the first segment, its `done`, and the new segment up to its own `done`: the earlier
+    segment's end does not end the stream."""
+    if reader == "sse-elsewhere":
+        request.getfixturevalue("needs_redis")
+    server = daphne("a")
+    elsewhere = daphne("b") if reader == "sse-elsewhere" else server
+    async with (
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+        httpx.AsyncClient(base_url=elsewhere.url, timeout=30) as other,
+    ):
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "story",
+            simulation={"length": 120, "tokens_per_second": 40},
+        )  # fmt: skip
+        message_id = message["id"]
+        await read_sse(client, account.token, message_id, stop_after=3)
+        stop = await client.post(f"/api/messages/{message_id}/cancel/", headers=auth(account.token))
+        assert stop.json()["status"] == "cancelled"
+        continued = await client.post(
+            f"/api/messages/{message_id}/continue/", headers=auth(account.token)
+        )
+        assert continued.status_code == 202
+        if reader == "ws":
+            events = await _whole_answer_over_ws(server, account.token, message_id)
+        else:
+            events = await _whole_answer_over_sse(other, account.token, message_id)
+        final = await wait_for_status(client, account.token, message_id)
+    assert final["segments"][0]["status"] == "cancelled"
+    ends = [e for e in events if e["type"] == "done"]
+    assert [(e["segment"], e["status"]) for e in ends] == [(0, "cancelled"), (1, final["status"])]
+    assert events[-1] is ends[-1], "the stream ends with the new segment's end"
+    assert [e["seq"] for e in events] == sorted({e["seq"] for e in events})
+    assert text_of(events) == final["content"]

@@ -61,3 +61,40 @@ async def test_a_reader_far_behind_reads_back_from_the_log():
         assert batch is not None
         rest.extend(batch)
     assert [e["seq"] for e in first + rest] == list(range(1, total + 2))
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["generated-here", "generated-elsewhere"])
+async def test_a_read_from_before_a_continue_goes_on_past_the_earlier_segments_end(local):
+    """A reader from seq 0 of a continued answer, subscribed before the new segment wrote
+    anything: the first segment's `done` (at ``settled``) does not end its read."""
+    hub = Hub(MemoryStreamLog())
+    mid = "m3"
+    first = [
+        events.start(1, message_id=mid, segment=0, model="x"),
+        events.delta(2, "a"),
+        events.done(3, segment=0, termination={"status": "cancelled"}),
+    ]
+    await hub.log.append(mid, first)
+    if local:
+        hub.open_local(mid, 4)
+    reading = asyncio.ensure_future(_events_of(hub.read(mid, 0, settled=3)))
+    second = [
+        events.start(4, message_id=mid, segment=1, model="x"),
+        events.delta(5, "b"),
+        events.done(6, segment=1, termination={"status": "complete"}),
+    ]
+    for event in second:
+        await asyncio.sleep(0)  # the reader waits for each event: none is there yet
+        assert not reading.done()
+        await emit(hub, mid, [event]) if local else await hub.log.append(mid, [event])
+    if local:
+        hub.close_local(mid)
+    assert [e["seq"] for e in await asyncio.wait_for(reading, 10)] == [1, 2, 3, 4, 5, 6]
+
+
+async def _events_of(batches) -> list[dict]:
+    out: list[dict] = []
+    async for batch in batches:
+        assert batch is not None
+        out.extend(batch)
+    return out

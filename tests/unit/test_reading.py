@@ -266,6 +266,31 @@ async def test_a_reader_of_a_local_generation_gets_its_publishes(parts: Parts) -
     assert merged == events.merge([*opening(mid), events.done(5, segment=0, termination=ENDED)])
 
 
+async def test_a_reader_from_the_start_of_a_continued_answer_reads_to_the_new_end(
+    parts: Parts,
+) -> None:
+    """The message streams its second segment; its stored seq is the first one's `done`."""
+    message = state(last_seq=5)
+    mid = message.id
+    cut = events.done(5, segment=0, termination={"status": Status.CANCELLED.value})
+    await parts.log.append(mid, [*opening(mid), cut])
+    parts.hub.open_local(mid, 6)
+    frames = parts.subscribe(message, 0).frames(None)
+    assert await anext(frames) == [opening(mid)[0], events.delta(4, "abc"), cut]
+    waiting = asyncio.ensure_future(anext(frames))
+    second = [
+        events.start(6, message_id=mid, segment=1, model="m"),
+        events.delta(7, "d"),
+        events.done(8, segment=1, termination=ENDED),
+    ]
+    await parts.log.append(mid, second)
+    parts.hub.publish(mid, second)
+    parts.hub.close_local(mid)
+    assert await asyncio.wait_for(waiting, HANG) == second
+    with pytest.raises(StopAsyncIteration):
+        await anext(frames)
+
+
 # --- slow consumers ---------------------------------------------------------------------------
 class Unsent:
     """The connection's unsent bytes, as the server would report them: a script of

@@ -46,6 +46,8 @@ const state = {
   sending: false,
   // A regenerate, edit or branch switch of this tab is on its way (its feed event is ours).
   branching: false,
+  // The answers this tab has asked to Continue, until the answer to that request is in.
+  continuing: new Set(),
   loads: 0,
   // The sidebar's next page of conversations (a path), while one is being fetched.
   nextPage: null,
@@ -272,10 +274,11 @@ async function openConversation(id) {
     if (followed) {
       node = followed.bubble.node;
     } else if (message.status === "streaming") {
-      // Replay the whole log: the persisted content may lag behind the stream.
+      // Replay the whole log: the persisted content may lag behind the stream. Its stored
+      // seq covers the segments before a Continue: their ends are not this stream's end.
       const bubble = assistantBubble({ ...message, content: "", reasoning: "", tool_calls: [] });
       node = bubble.node;
-      follow(bubble, id, 0, null);
+      follow(bubble, id, { settled: message.last_seq });
     } else {
       node = assistantBubble(message).node;
     }
@@ -306,9 +309,9 @@ function showTtft(ms) {
   ttftLine.textContent = `First token ${Math.round(ms)} ms`;
 }
 
-/** Follow an answer from `after`; `startedAt` is when the person asked, for the TTFT;
- * `first`: the connection already streaming it (the POST that created it), if any. */
-function follow(bubble, conversationId, after, startedAt, first = null) {
+/** Follow an answer (`stream.js` for `after`, `settled` and `first`); `startedAt` is when
+ * the person asked, for the TTFT. */
+function follow(bubble, conversationId, { after = 0, settled = after, startedAt = null, first = null } = {}) {
   let askedAt = startedAt;
   const finish = () => {
     state.live.delete(bubble.id);
@@ -317,7 +320,7 @@ function follow(bubble, conversationId, after, startedAt, first = null) {
     // The conversation's entry after its answer: activity time, a title the engine wrote.
     conversationChanged(conversationId);
   };
-  const stream = new MessageStream(bubble.id, after, transport, {
+  const stream = new MessageStream(bubble.id, transport, {
     event: (event) => {
       if (event.type === "delta" && askedAt !== null) {
         if (state.conversationId === conversationId) showTtft(performance.now() - askedAt);
@@ -341,7 +344,7 @@ function follow(bubble, conversationId, after, startedAt, first = null) {
       bubble.failed(message);
       finish();
     },
-  }, first);
+  }, { after, settled, first });
   state.live.set(bubble.id, { bubble, stream, conversationId });
   stream.start();
   markStreaming();
@@ -350,17 +353,27 @@ function follow(bubble, conversationId, after, startedAt, first = null) {
 
 async function continueAnswer(bubble) {
   bubble.continueButton.disabled = true;
+  const conversationId = state.conversationId;
   const askedAt = performance.now();
   let answer;
+  state.continuing.add(bubble.id);
   try {
     answer = await messages.continue(bubble.id);
   } catch (error) {
     bubble.continueButton.disabled = false;
     showError(error);
     return;
+  } finally {
+    state.continuing.delete(bubble.id);
   }
+  // Drawn again meanwhile (the feed came back) after the Continue began: followed there.
+  if (state.live.has(bubble.id)) return;
   bubble.setStreaming();
-  follow(bubble, state.conversationId, answer.after, askedAt);
+  follow(bubble, conversationId, { after: answer.after, startedAt: askedAt });
+  // Drawn again from before the Continue: drawn once more, with this bubble in it.
+  if (!bubble.node.isConnected && state.conversationId === conversationId) {
+    openConversation(conversationId);
+  }
 }
 
 // --- versions: regenerate, edit, switch ------------------------------------------------
@@ -410,7 +423,12 @@ followFeed({
     conversationChanged(frame.conversation);
     if (!open || state.sending || state.branching) return;
     if (frame.event === "message.created" && shownHere(frame.message_id)) return;
-    if (frame.event === "message.continued" && state.live.has(frame.message_id)) return;
+    if (
+      frame.event === "message.continued" &&
+      (state.live.has(frame.message_id) || state.continuing.has(frame.message_id))
+    ) {
+      return;
+    }
     openConversation(state.conversationId);
   },
   reconnected: () => {
@@ -482,12 +500,12 @@ async function send() {
       decorate(bubble.node, exchange.message, branchActions);
       log.append(question, bubble.node);
       scrollToLatest();
-      follow(bubble, conversationId, 0, askedAt, connection);
+      follow(bubble, conversationId, { startedAt: askedAt, first: connection });
     } else if (connection) {
       // Sent from a conversation no longer shown: followed like any answer, so it is not
       // abandoned (the stream goes on as long as someone reads it).
       const bubble = assistantBubble({ ...exchange.message, content: "", reasoning: "", tool_calls: [] });
-      follow(bubble, conversationId, 0, null, connection);
+      follow(bubble, conversationId, { first: connection });
     }
     conversationChanged(conversationId);
   } catch (error) {

@@ -18,16 +18,21 @@ const TRANSPORTS = { sse: openSse, ws: openWs };
 export class MessageStream {
   /**
    * @param {string} messageId
-   * @param {number} after  the cursor: the seq of the last event already shown
    * @param {() => string} transport  "sse" or "ws", read at every (re)connection
    * @param {object} view  {event(e), connection(state, detail), ended(record), failed(message)}
-   * @param {object|null} first  a connection already streaming this message (the POST
+   * @param {object} from
+   * @param {number} from.after  the cursor: the seq of the last event already shown
+   * @param {number} from.settled  the seq the segments before this one end at: a `done`
+   *   at or below it ended an earlier segment (a Continue went on after it), not this
+   *   stream (the server's rule too). Default: `after`.
+   * @param {object|null} from.first  a connection already streaming this message (the POST
    *   that created it: `transports/post.js`), used for the first open instead of one made
    */
-  constructor(messageId, after, transport, view, first = null) {
+  constructor(messageId, transport, view, { after = 0, settled = after, first = null } = {}) {
     this.messageId = messageId;
     this.first = first;
     this.cursor = after;
+    this.settled = settled;
     this.transport = transport;
     this.view = view;
     this.connection = null;
@@ -54,14 +59,15 @@ export class MessageStream {
     return this;
   }
 
-  /** Stop following (the message stays as it is on the server). */
-  close() {
+  /** Stop following (the message stays as it is on the server). `ended`: the server
+   * ended the stream itself (its `done`), so the connection has nothing to cancel. */
+  close(ended = false) {
     this.finished = true;
     clearTimeout(this.timer);
     this.timer = null;
     window.removeEventListener("online", this.onOnline);
     window.removeEventListener("offline", this.onOffline);
-    if (this.connection) this.connection.close();
+    if (this.connection) this.connection.close(ended);
     this.connection = null;
   }
 
@@ -95,8 +101,8 @@ export class MessageStream {
     this.receivedSinceOpen = true;
     this.attempt = 0;
     this.view.event(event);
-    if (event.type === "done") {
-      this.close();
+    if (event.type === "done" && event.seq > this.settled) {
+      this.close(true);
       this.view.ended(event);
     }
   }

@@ -24,10 +24,12 @@ class ChatSocket {
     const socket = this.ensureSocket();
     if (socket.readyState === WebSocket.OPEN) this.sendSubscribe(messageId);
     return {
-      close: () => {
+      // `ended`: the server ended this subscription with its `done`; only the stream
+      // knows which `done` that is (an earlier segment's is followed by a Continue's).
+      close: (ended = false) => {
         const current = this.subscriptions.get(messageId);
         if (!current || current.sink !== sink) return;
-        this.send({ type: "unsubscribe", message_id: messageId });
+        if (!ended) this.send({ type: "unsubscribe", message_id: messageId });
         this.forget(messageId);
       },
     };
@@ -72,7 +74,6 @@ class ChatSocket {
     if (STREAM_TYPES.has(frame.type) && typeof frame.seq === "number") {
       entry.after = Math.max(entry.after, frame.seq);
       entry.sink.event(frame);
-      if (frame.type === "done") this.forget(id);
     } else if (frame.type === "subscribed") {
       entry.sink.opened();
       entry.sink.subscribed(frame.status);
