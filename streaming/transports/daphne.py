@@ -28,6 +28,12 @@ path costs besides:
   ``__getattribute__`` (2 % of the CPU with 1,000 SSE streams). ``install_plain_http``
   gives Daphne's modules the module behind the proxy; Daphne uses none of the deprecated
   names, and everything else sees the proxy as before.
+- **Log fields made when written.** Autobahn highlights the fields of a debug line (a
+  method's qualified name, the peer, a length; through ``click.style``) on every WebSocket
+  frame it sends or receives, before the logger drops the line: 4.6 µs a frame, on a
+  line that is never written unless debug logging is on. ``install_lazy_highlights``
+  gives autobahn's WebSocket modules highlighters that return a field which makes that
+  text only when a line is formatted, so a written line reads exactly as before.
 
 All are checked when the process starts (``check_server``: the versions are the tested
 ones, the attributes exist) and when used. When one cannot work, a warning is logged once
@@ -56,17 +62,22 @@ SEND_BUFFER = "send_buffer"
 WRITE_THROUGH = "write_through"
 RAW_BODIES = "raw_bodies"
 PLAIN_HTTP = "plain_http"
-HOOKS = (SEND_BUFFER, WRITE_THROUGH, RAW_BODIES, PLAIN_HTTP)
+LAZY_HIGHLIGHTS = "lazy_highlights"
+HOOKS = (SEND_BUFFER, WRITE_THROUGH, RAW_BODIES, PLAIN_HTTP, LAZY_HIGHLIGHTS)
 # What each hook's absence costs, for the warning.
 WITHOUT = {
     SEND_BUFFER: "the per-connection memory bound is off",
     WRITE_THROUGH: "frames wait",
     RAW_BODIES: "Twisted parses every POST for forms",
     PLAIN_HTTP: "every response write looks Twisted's HTTP module up through a proxy",
+    LAZY_HIGHLIGHTS: "every WebSocket frame formats debug-log fields nobody reads",
 }
 # Daphne's modules that name ``twisted.web.http`` as ``http``, and what they use of it.
 DAPHNE_HTTP_USERS = ("daphne.http_protocol", "daphne.server")
 DAPHNE_HTTP_NAMES = ("Request", "HTTPFactory", "HTTPChannel", "H2_ENABLED")
+# Autobahn's modules that highlight log fields per frame, and the highlighters they name.
+AUTOBAHN_LOGGERS = ("autobahn.websocket.protocol", "autobahn.twisted.websocket")
+HIGHLIGHTERS = ("hltype", "hlval")
 # The Twisted releases these hooks are tested against (also pyproject.toml's range).
 TESTED_TWISTED = ((24, 7), (27, 0))
 # What the hooks read or call on Twisted's TCP connections.
@@ -278,6 +289,59 @@ def install_plain_http() -> bool:
     for user in users:
         user.http = module  # type: ignore[attr-defined]
     metrics.SERVER_HOOKS.labels(hook=PLAIN_HTTP).set(1)
+    return True
+
+
+class _Highlighted:
+    """A log field whose text (``make(*args, **options)``) is made when a line is
+    formatted."""
+
+    __slots__ = ("args", "make", "options")
+
+    def __init__(
+        self, make: Callable[..., str], args: tuple[Any, ...], options: dict[str, Any]
+    ) -> None:
+        self.make = make
+        self.args = args
+        self.options = options
+
+    def __str__(self) -> str:
+        return self.make(*self.args, **self.options)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    __repr__ = __str__
+
+
+def _lazy(make: Callable[..., str]) -> Callable[..., _Highlighted]:
+    @functools.wraps(make)
+    def highlight(*args: Any, **options: Any) -> _Highlighted:
+        return _Highlighted(make, args, options)
+
+    highlight.lazy = True  # type: ignore[attr-defined]
+    return highlight
+
+
+def install_lazy_highlights() -> bool:
+    """Autobahn's WebSocket modules highlight log fields only for lines written; False
+    (and reported) when they cannot."""
+    modules = _daphne_modules(LAZY_HIGHLIGHTS, AUTOBAHN_LOGGERS)
+    if modules is None:
+        return False
+    from autobahn import util
+
+    for module in modules:
+        for name in HIGHLIGHTERS:
+            named = getattr(module, name, None)
+            if named is not getattr(util, name, None) and not getattr(named, "lazy", False):
+                unavailable(LAZY_HIGHLIGHTS, f"{module.__name__}.{name} is not autobahn's")
+                return False
+    for module in modules:
+        for name in HIGHLIGHTERS:
+            if not getattr(getattr(module, name), "lazy", False):
+                setattr(module, name, _lazy(getattr(util, name)))
+    metrics.SERVER_HOOKS.labels(hook=LAZY_HIGHLIGHTS).set(1)
     return True
 
 

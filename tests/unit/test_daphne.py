@@ -237,3 +237,34 @@ def test_daphne_replies_through_twisteds_http_module_not_its_deprecation_proxy()
         assert module.http.Request is http.Request
     assert type(sys.modules["twisted.web.http"]) is deprecate._ModuleProxy  # for the rest
     assert hook_gauge(daphne.PLAIN_HTTP) == 1
+
+
+def test_autobahns_frame_log_fields_are_made_only_when_a_line_is_written(monkeypatch) -> None:
+    from autobahn import util
+    from autobahn.twisted import websocket as twisted_websocket
+    from autobahn.websocket import protocol
+    from twisted.logger import formatEvent
+
+    assert daphne.install_lazy_highlights()
+    assert daphne.install_lazy_highlights()  # again: nothing changes
+    made: list[object] = []
+    monkeypatch.setattr(util, "hl", lambda text, **style: made.append(text) or f"[{text}]")
+    for module in (protocol, twisted_websocket):
+        method = module.hltype(protocol.WebSocketProtocol.sendData)
+        peer = module.hlval("tcp:127.0.0.1:5555")
+        size = module.hlval(42, color="green")
+        assert made == [], "nothing is highlighted for a line no one writes"
+        line = formatEvent(
+            {
+                "log_format": "{func} sent {data_len} bytes for peer {peer}",
+                "func": method,
+                "data_len": size,
+                "peer": peer,
+            }
+        )
+        assert line == (
+            f"{util.hltype(protocol.WebSocketProtocol.sendData)} sent "
+            f"{util.hlval(42, color='green')} bytes for peer {util.hlval('tcp:127.0.0.1:5555')}"
+        ), "a written line reads as autobahn's own"
+        made.clear()
+    assert hook_gauge(daphne.LAZY_HIGHLIGHTS) == 1
