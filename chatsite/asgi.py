@@ -39,8 +39,8 @@ daphne.install_write_through()
 daphne.install_raw_bodies()
 # Daphne's reply path uses Twisted's HTTP module itself, not its deprecation proxy.
 daphne.install_plain_http()
-# Autobahn's per-frame debug-log fields are made only for lines written.
-daphne.install_lazy_highlights()
+# Autobahn's debug-log fields (per frame, per connection) are made only for lines written.
+daphne.install_lazy_log_fields()
 # After the SIGTERM drain, the server stops.
 get_runtime().lifecycle.on_stopped.append(daphne.stop_server)
 

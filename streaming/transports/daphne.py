@@ -28,13 +28,13 @@ path costs besides:
   ``__getattribute__`` (2 % of the CPU with 1,000 SSE streams). ``install_plain_http``
   gives Daphne's modules the module behind the proxy; Daphne uses none of the deprecated
   names, and everything else sees the proxy as before.
-- **Log fields made when written.** Autobahn highlights the fields of a debug line (a
-  method's qualified name, the peer, a length; through ``click.style``) on every WebSocket
-  frame it sends or receives, before the logger drops the line: 4.6 µs a frame, on a
-  line that is never written unless debug logging is on. ``install_lazy_highlights``
-  gives autobahn's WebSocket modules highlighters that return a field which makes that
-  text only when a line is formatted, so a written line reads exactly as before.
-
+- **Log fields made when written.** Autobahn makes the fields of its debug lines before
+  the logger drops them: it highlights a method's qualified name, the peer and a length
+  (through ``click.style``) on every WebSocket frame it sends or receives, 4.6 µs a
+  frame, and pretty-prints the protocol's 29 settings on every connection, 300 µs.
+  ``install_lazy_log_fields`` gives autobahn's WebSocket modules highlighters and a
+  ``pformat`` that return a field which makes that text only when a line is formatted,
+  so a line written with debug logging on reads exactly as before.
 All are checked when the process starts (``check_server``: the versions are the tested
 ones, the attributes exist) and when used. When one cannot work, a warning is logged once
 per process and ``chat_server_hooks_available{hook=...}`` drops to 0; the product keeps
@@ -62,22 +62,24 @@ SEND_BUFFER = "send_buffer"
 WRITE_THROUGH = "write_through"
 RAW_BODIES = "raw_bodies"
 PLAIN_HTTP = "plain_http"
-LAZY_HIGHLIGHTS = "lazy_highlights"
-HOOKS = (SEND_BUFFER, WRITE_THROUGH, RAW_BODIES, PLAIN_HTTP, LAZY_HIGHLIGHTS)
+LAZY_LOG_FIELDS = "lazy_log_fields"
+HOOKS = (SEND_BUFFER, WRITE_THROUGH, RAW_BODIES, PLAIN_HTTP, LAZY_LOG_FIELDS)
 # What each hook's absence costs, for the warning.
 WITHOUT = {
     SEND_BUFFER: "the per-connection memory bound is off",
     WRITE_THROUGH: "frames wait",
     RAW_BODIES: "Twisted parses every POST for forms",
     PLAIN_HTTP: "every response write looks Twisted's HTTP module up through a proxy",
-    LAZY_HIGHLIGHTS: "every WebSocket frame formats debug-log fields nobody reads",
+    LAZY_LOG_FIELDS: "every WebSocket frame and connection formats debug-log fields nobody reads",
 }
 # Daphne's modules that name ``twisted.web.http`` as ``http``, and what they use of it.
 DAPHNE_HTTP_USERS = ("daphne.http_protocol", "daphne.server")
 DAPHNE_HTTP_NAMES = ("Request", "HTTPFactory", "HTTPChannel", "H2_ENABLED")
-# Autobahn's modules that highlight log fields per frame, and the highlighters they name.
-AUTOBAHN_LOGGERS = ("autobahn.websocket.protocol", "autobahn.twisted.websocket")
-HIGHLIGHTERS = ("hltype", "hlval")
+# Autobahn's WebSocket modules, and the functions they make debug-log fields with.
+AUTOBAHN_LOG_FIELDS = {
+    "autobahn.websocket.protocol": ("hltype", "hlval", "pformat"),
+    "autobahn.twisted.websocket": ("hltype", "hlval"),
+}
 # The Twisted releases these hooks are tested against (also pyproject.toml's range).
 TESTED_TWISTED = ((24, 7), (27, 0))
 # What the hooks read or call on Twisted's TCP connections.
@@ -292,7 +294,7 @@ def install_plain_http() -> bool:
     return True
 
 
-class _Highlighted:
+class _Field:
     """A log field whose text (``make(*args, **options)``) is made when a line is
     formatted."""
 
@@ -314,34 +316,54 @@ class _Highlighted:
     __repr__ = __str__
 
 
-def _lazy(make: Callable[..., str]) -> Callable[..., _Highlighted]:
+def _lazy(make: Callable[..., str]) -> Callable[..., _Field]:
     @functools.wraps(make)
-    def highlight(*args: Any, **options: Any) -> _Highlighted:
-        return _Highlighted(make, args, options)
+    def field(*args: Any, **options: Any) -> _Field:
+        return _Field(make, args, options)
 
-    highlight.lazy = True  # type: ignore[attr-defined]
-    return highlight
+    field.lazy = True  # type: ignore[attr-defined]
+    return field
 
 
-def install_lazy_highlights() -> bool:
-    """Autobahn's WebSocket modules highlight log fields only for lines written; False
+def install_lazy_log_fields() -> bool:
+    """Autobahn's WebSocket modules make debug-log fields only for lines written; False
     (and reported) when they cannot."""
-    modules = _daphne_modules(LAZY_HIGHLIGHTS, AUTOBAHN_LOGGERS)
+    modules = _daphne_modules(LAZY_LOG_FIELDS, list(AUTOBAHN_LOG_FIELDS))
     if modules is None:
         return False
+    import pprint
+
     from autobahn import util
 
+    originals: dict[str, Callable[..., str]] = {
+        "hltype": util.hltype,
+        "hlval": util.hlval,
+        "pformat": pprint.pformat,
+    }
+    protocol: Any = modules[0]
+    timings = getattr(protocol, "Timings", None)
+    if timings is None or "__str__" not in vars(timings):
+        unavailable(LAZY_LOG_FIELDS, "autobahn's Timings changed shape")
+        return False
     for module in modules:
-        for name in HIGHLIGHTERS:
+        for name in AUTOBAHN_LOG_FIELDS[module.__name__]:
             named = getattr(module, name, None)
-            if named is not getattr(util, name, None) and not getattr(named, "lazy", False):
-                unavailable(LAZY_HIGHLIGHTS, f"{module.__name__}.{name} is not autobahn's")
+            if named is not originals[name] and not getattr(named, "lazy", False):
+                unavailable(LAZY_LOG_FIELDS, f"{module.__name__}.{name} is not the one expected")
                 return False
+    # Timings' text is the one use of pformat there that is not a log field.
+    if not getattr(timings.__str__, "lazy", False):
+
+        def __str__(self: Any) -> str:
+            return pprint.pformat(self._timings)
+
+        __str__.lazy = True  # type: ignore[attr-defined]
+        timings.__str__ = __str__
     for module in modules:
-        for name in HIGHLIGHTERS:
+        for name in AUTOBAHN_LOG_FIELDS[module.__name__]:
             if not getattr(getattr(module, name), "lazy", False):
-                setattr(module, name, _lazy(getattr(util, name)))
-    metrics.SERVER_HOOKS.labels(hook=LAZY_HIGHLIGHTS).set(1)
+                setattr(module, name, _lazy(originals[name]))
+    metrics.SERVER_HOOKS.labels(hook=LAZY_LOG_FIELDS).set(1)
     return True
 
 

@@ -239,32 +239,41 @@ def test_daphne_replies_through_twisteds_http_module_not_its_deprecation_proxy()
     assert hook_gauge(daphne.PLAIN_HTTP) == 1
 
 
-def test_autobahns_frame_log_fields_are_made_only_when_a_line_is_written(monkeypatch) -> None:
+def test_autobahns_debug_log_fields_are_made_only_when_a_line_is_written(monkeypatch) -> None:
+    import pprint
+
     from autobahn import util
     from autobahn.twisted import websocket as twisted_websocket
     from autobahn.websocket import protocol
     from twisted.logger import formatEvent
 
-    assert daphne.install_lazy_highlights()
-    assert daphne.install_lazy_highlights()  # again: nothing changes
+    assert daphne.install_lazy_log_fields()
+    assert daphne.install_lazy_log_fields()  # again: nothing changes
     made: list[object] = []
     monkeypatch.setattr(util, "hl", lambda text, **style: made.append(text) or f"[{text}]")
+    real_pformat = pprint.pformat
+    monkeypatch.setattr(pprint, "pformat", lambda value: made.append(value) or real_pformat(value))
+    settings = [("autoPingInterval", 0, "WebSocketServerFactory")]
     for module in (protocol, twisted_websocket):
-        method = module.hltype(protocol.WebSocketProtocol.sendData)
-        peer = module.hlval("tcp:127.0.0.1:5555")
-        size = module.hlval(42, color="green")
-        assert made == [], "nothing is highlighted for a line no one writes"
-        line = formatEvent(
-            {
-                "log_format": "{func} sent {data_len} bytes for peer {peer}",
-                "func": method,
-                "data_len": size,
-                "peer": peer,
-            }
-        )
-        assert line == (
-            f"{util.hltype(protocol.WebSocketProtocol.sendData)} sent "
-            f"{util.hlval(42, color='green')} bytes for peer {util.hlval('tcp:127.0.0.1:5555')}"
-        ), "a written line reads as autobahn's own"
+        fields = {
+            "func": module.hltype(protocol.WebSocketProtocol.sendData),
+            "peer": module.hlval("tcp:127.0.0.1:5555"),
+            "data_len": module.hlval(42, color="green"),
+        }
+        if module is protocol:
+            fields["attrs"] = module.pformat(settings)
+        assert made == [], "nothing is made for a line no one writes"
+        line = formatEvent({"log_format": " ".join(f"{{{k}}}" for k in fields), **fields})
+        expected = [
+            util.hltype(protocol.WebSocketProtocol.sendData),
+            util.hlval("tcp:127.0.0.1:5555"),
+            util.hlval(42, color="green"),
+        ]
+        if module is protocol:
+            expected.append(real_pformat(settings))
+        assert line == " ".join(expected), "a written line reads as autobahn's own"
         made.clear()
-    assert hook_gauge(daphne.LAZY_HIGHLIGHTS) == 1
+    timings = protocol.Timings()
+    timings.track("sendMessage")
+    assert str(timings) == real_pformat(timings._timings), "Timings' text is still text"
+    assert hook_gauge(daphne.LAZY_LOG_FIELDS) == 1
