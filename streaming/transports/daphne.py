@@ -35,6 +35,7 @@ path costs besides:
   ``install_lazy_log_fields`` gives autobahn's WebSocket modules highlighters and a
   ``pformat`` that return a field which makes that text only when a line is formatted,
   so a line written with debug logging on reads exactly as before.
+
 All are checked when the process starts (``check_server``: the versions are the tested
 ones, the attributes exist) and when used. When one cannot work, a warning is logged once
 per process and ``chat_server_hooks_available{hook=...}`` drops to 0; the product keeps
@@ -321,7 +322,6 @@ def _lazy(make: Callable[..., str]) -> Callable[..., _Field]:
     def field(*args: Any, **options: Any) -> _Field:
         return _Field(make, args, options)
 
-    field.lazy = True  # type: ignore[attr-defined]
     return field
 
 
@@ -331,6 +331,9 @@ def install_lazy_log_fields() -> bool:
     modules = _daphne_modules(LAZY_LOG_FIELDS, list(AUTOBAHN_LOG_FIELDS))
     if modules is None:
         return False
+    protocol: Any = modules[0]
+    if getattr(protocol, "lazy_log_fields", False):
+        return True
     import pprint
 
     from autobahn import util
@@ -340,29 +343,25 @@ def install_lazy_log_fields() -> bool:
         "hlval": util.hlval,
         "pformat": pprint.pformat,
     }
-    protocol: Any = modules[0]
     timings = getattr(protocol, "Timings", None)
     if timings is None or "__str__" not in vars(timings):
         unavailable(LAZY_LOG_FIELDS, "autobahn's Timings changed shape")
         return False
     for module in modules:
         for name in AUTOBAHN_LOG_FIELDS[module.__name__]:
-            named = getattr(module, name, None)
-            if named is not originals[name] and not getattr(named, "lazy", False):
+            if getattr(module, name, None) is not originals[name]:
                 unavailable(LAZY_LOG_FIELDS, f"{module.__name__}.{name} is not the one expected")
                 return False
+
     # Timings' text is the one use of pformat there that is not a log field.
-    if not getattr(timings.__str__, "lazy", False):
+    def __str__(self: Any) -> str:
+        return pprint.pformat(self._timings)
 
-        def __str__(self: Any) -> str:
-            return pprint.pformat(self._timings)
-
-        __str__.lazy = True  # type: ignore[attr-defined]
-        timings.__str__ = __str__
+    timings.__str__ = __str__
     for module in modules:
         for name in AUTOBAHN_LOG_FIELDS[module.__name__]:
-            if not getattr(getattr(module, name), "lazy", False):
-                setattr(module, name, _lazy(originals[name]))
+            setattr(module, name, _lazy(originals[name]))
+    protocol.lazy_log_fields = True
     metrics.SERVER_HOOKS.labels(hook=LAZY_LOG_FIELDS).set(1)
     return True
 

@@ -245,23 +245,15 @@ async def test_a_cut_mid_character_keeps_whole_characters_and_continue_completes
         assert len(whole["content"]) > len(cut["content"])
 
 
-async def _whole_answer_over_sse(client, token, message_id: str) -> list[dict]:
-    return [e.data for e in (await read_sse(client, token, message_id, after=0)).events]
-
-
 async def _whole_answer_over_ws(server, token, message_id: str) -> list[dict]:
+    """Both segments' events on one subscription from seq 0."""
     ws = await ChatSocket.connect(server.ws_url, token)
     await ws.send({"type": "subscribe", "message_id": message_id, "after": 0})
-    events: list[dict] = []
     try:
         async with asyncio.timeout(30):
-            while not events or events[-1]["type"] != "done" or events[-1]["segment"] < 1:
-                frame = await ws.recv()
-                if frame.get("message_id") == message_id and "seq" in frame:
-                    events.append(frame)
+            return await ws.events_until_done(message_id) + await ws.events_until_done(message_id)
     finally:
         await ws.close()
-    return events
 
 
 @pytest.mark.parametrize("reader", ["sse", "ws", "sse-elsewhere"])
@@ -295,7 +287,8 @@ async def test_a_reader_from_the_start_of_a_continued_answer_follows_it_to_its_n
         if reader == "ws":
             events = await _whole_answer_over_ws(server, account.token, message_id)
         else:
-            events = await _whole_answer_over_sse(other, account.token, message_id)
+            read = await read_sse(other, account.token, message_id, after=0)
+            events = [e.data for e in read.events]
         final = await wait_for_status(client, account.token, message_id)
     assert final["segments"][0]["status"] == "cancelled"
     ends = [e for e in events if e["type"] == "done"]

@@ -19,9 +19,9 @@ async def emit(hub: Hub, mid: str, batch: list[dict]) -> None:
     hub.publish(mid, batch)
 
 
-async def collect(hub: Hub, mid: str, after: int) -> list[dict]:
+async def collect(hub: Hub, mid: str, after: int, settled: int = 0) -> list[dict]:
     out: list[dict] = []
-    async for batch in hub.read(mid, after):
+    async for batch in hub.read(mid, after, settled=settled):
         assert batch is not None
         out.extend(batch)
     return out
@@ -77,7 +77,7 @@ async def test_a_read_from_before_a_continue_goes_on_past_the_earlier_segments_e
     await hub.log.append(mid, first)
     if local:
         hub.open_local(mid, 4)
-    reading = asyncio.ensure_future(_events_of(hub.read(mid, 0, settled=3)))
+    reading = asyncio.ensure_future(collect(hub, mid, 0, settled=3))
     second = [
         events.start(4, message_id=mid, segment=1, model="x"),
         events.delta(5, "b"),
@@ -90,11 +90,3 @@ async def test_a_read_from_before_a_continue_goes_on_past_the_earlier_segments_e
     if local:
         hub.close_local(mid)
     assert [e["seq"] for e in await asyncio.wait_for(reading, 10)] == [1, 2, 3, 4, 5, 6]
-
-
-async def _events_of(batches) -> list[dict]:
-    out: list[dict] = []
-    async for batch in batches:
-        assert batch is not None
-        out.extend(batch)
-    return out
