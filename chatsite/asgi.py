@@ -26,7 +26,11 @@ from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from chatsite import collector  # noqa: E402
-from chatsite.routing import http_urlpatterns, websocket_urlpatterns  # noqa: E402
+from chatsite.routing import (  # noqa: E402
+    http_urlpatterns,
+    message_post_urlpatterns,
+    websocket_urlpatterns,
+)
 from streaming.runtime import get_runtime  # noqa: E402
 from streaming.transports import daphne  # noqa: E402
 from streaming.transports.onestep import OneStepAnswers  # noqa: E402
@@ -82,16 +86,16 @@ class Bounded:
             return await self.inner(scope, receive, send)
 
 
+django_app = Bounded(django_asgi_app, settings.REQUEST_CONCURRENCY)
+
 application = StartRuntime(
     ProtocolTypeRouter(
         {
             "http": URLRouter(
                 [
                     *http_urlpatterns,
-                    re_path(
-                        r"",
-                        OneStepAnswers(Bounded(django_asgi_app, settings.REQUEST_CONCURRENCY)),
-                    ),
+                    *message_post_urlpatterns(OneStepAnswers(django_app, lean=True)),
+                    re_path(r"", OneStepAnswers(django_app)),
                 ]
             ),
             "websocket": SessionMiddlewareStack(

@@ -4,8 +4,10 @@ The SSE consumer gets the session from Channels' session middleware and resolves
 itself (tokens first); WebSocket rules are applied in chatsite.asgi. The OpenAI-compatible
 endpoint takes Bearer tokens only, so it has no session (and needs no CSRF check)."""
 
+from typing import Any
+
 from channels.sessions import SessionMiddlewareStack
-from django.urls import path
+from django.urls import URLPattern, path
 
 from streaming.api.openai import ChatCompletionsConsumer, ModelsConsumer
 from streaming.transports.sse import MessageStreamConsumer
@@ -20,6 +22,16 @@ http_urlpatterns = [
     path("v1/models", ModelsConsumer.as_asgi()),
     path("v1/models/<path:model>", ModelsConsumer.as_asgi()),
 ]
+
+
+def message_post_urlpatterns(app: Any) -> list[URLPattern]:
+    """The REST API's message posts (``streaming.urls``), routed to ``app`` first: a
+    one-step post tries the lean path there (``streaming.transports.leanpost``)."""
+    return [
+        path("api/conversations/<uuid:conversation_id>/messages/", app),
+        path("api/messages/", app),
+    ]
+
 
 websocket_urlpatterns = [
     path("ws/chat/", ChatConsumer.as_asgi()),

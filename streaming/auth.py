@@ -47,7 +47,7 @@ def _user_for_token(key: str) -> Any:
     return user if user is not None and user.is_active else AnonymousUser()
 
 
-def _cached(key: str) -> Any | None:
+def cached_user(key: str) -> Any | None:
     """The user of a token this process holds (no query: the event loop may ask), an
     anonymous one for a cached inactive user, or None when only the database can tell."""
     user = tokens.cache().cached(key)
@@ -57,7 +57,7 @@ def _cached(key: str) -> Any | None:
 
 
 async def user_for_token(key: str) -> Any:
-    user = _cached(key)
+    user = cached_user(key)
     return user if user is not None else await database.run(_user_for_token, key)
 
 
@@ -86,5 +86,5 @@ async def authenticate(scope: dict[str, Any]) -> Any:
     key = token_from_header(header(scope, b"authorization"))
     if key == "":
         return AnonymousUser()
-    user = _cached(key) if key else None
+    user = cached_user(key) if key else None
     return user if user is not None else await database.run(resolve_user, scope)

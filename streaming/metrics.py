@@ -190,6 +190,14 @@ SERVER_HOOKS = Gauge(
     ["hook"],
     multiprocess_mode="livemin",
 )
+ONE_STEP_POSTS = Counter(
+    "chat_one_step_posts_total",
+    "POSTs answered with their stream (Accept: text/event-stream), by the path that created "
+    "the answer: 'lean' (a token caller's message post, without Django's request cycle; "
+    "not in django-prometheus's request metrics) or 'django' (everything else, refusals "
+    "included).",
+    ["path"],
+)
 
 # Error types kept as label values; anything else (a remote server's own type strings are
 # unbounded) is counted as "other".

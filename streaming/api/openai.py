@@ -32,10 +32,10 @@ from streaming.api.completions import (
     service_error_document,
     termination_error,
 )
-from streaming.api.parsers import InvalidBody, body_limit, decode_json_body, too_large_detail
 from streaming.auth import authenticate, header
 from streaming.conf import streaming_settings
 from streaming.errors import ServiceError, headers_of
+from streaming.jsonbody import InvalidBody, body_limit, decode_json_body, too_large_detail
 from streaming.logcontext import stream_context
 from streaming.reading import MessageState, SlowConsumer, Subscription
 from streaming.termination import Status

@@ -5,24 +5,21 @@ point); ``GenerationParamsSerializer`` is built from that module's schema, so th
 description states exactly the bounds that are enforced.
 
 Messages and segments are described on the path of every answer (its creation answers
-with both messages), so their serializers read the listed attributes directly: a
-``ModelSerializer`` builds its fields from the model on every instance, which costs more
-than the description itself. The declared fields still define the schema, and a test
-checks that both ways give the same JSON.
+with both messages), so their serializers describe them with ``streaming.representation``,
+which reads the listed attributes directly: a ``ModelSerializer`` builds its fields from
+the model on every instance, which costs more than the description itself. The declared
+fields still define the schema, and a test checks that both ways give the same JSON.
 """
 
 from __future__ import annotations
 
-import uuid
-from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from streaming import params
+from streaming import params, representation
 from streaming.branches import Tree, sibling_ids
 from streaming.models import Conversation, Message, Segment
 from streaming.termination import Status
@@ -66,30 +63,13 @@ class ConversationSerializer(serializers.ModelSerializer):
         return conversation.messages.filter(status=Status.STREAMING).exists()
 
 
-def plain(value: Any) -> Any:
-    """A model attribute as DRF's field for it represents it (UTC datetimes end in Z)."""
-    if isinstance(value, datetime):
-        text = value.astimezone(timezone.get_current_timezone()).isoformat()
-        return text[:-6] + "Z" if text.endswith("+00:00") else text
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    return value
-
-
 class SegmentSerializer(serializers.ModelSerializer):
     def to_representation(self, segment: Segment) -> dict[str, Any]:
-        return {name: plain(getattr(segment, name)) for name in self.Meta.fields}
+        return representation.segment_data(segment)
 
     class Meta:
         model = Segment
-        fields = [
-            "index", "start_offset", "end_offset", "reasoning_start_offset",
-            "reasoning_end_offset", "first_seq", "status", "finish_reason", "stop_reason",
-            "prompt_tokens", "completion_tokens", "reasoning_tokens", "ttft_ms",
-            "reasoning_ttft_ms", "duration_ms", "has_unclosed_code_block", "is_valid_json",
-            "error_type", "error_message", "error_code", "context_full", "ended_in_reasoning",
-            "tool_calls", "started_at", "ended_at",
-        ]  # fmt: skip
+        fields = list(representation.SEGMENT_FIELDS)
 
 
 class StreamUrlsSerializer(serializers.Serializer):
@@ -112,29 +92,15 @@ class MessageSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Message
-        fields = [
-            "id", "conversation", "parent_id", "siblings", "role", "content", "reasoning",
-            "tool_calls", "tool_call_id",
-            "status", "termination", "params", "model", "last_seq", "created_at",
-            "updated_at", "segments", "stream",
-        ]  # fmt: skip
+        fields = list(representation.MESSAGE_FIELDS)
         read_only_fields = fields
 
     def to_representation(self, message: Message) -> dict[str, Any]:
-        data: dict[str, Any] = {}
-        for name in self.Meta.fields:
-            if name == "conversation":
-                data[name] = str(message.conversation_id)
-            elif name == "segments":
-                segment = SegmentSerializer()
-                data[name] = [segment.to_representation(s) for s in message.segments.all()]
-            elif name == "stream":
-                data[name] = self.get_stream(message)
-            elif name == "siblings":
-                data[name] = self.get_siblings(message)
-            else:
-                data[name] = plain(getattr(message, name))
-        return data
+        return representation.message_data(message, self.get_siblings(message), self._absolute())
+
+    def _absolute(self) -> representation.Absolute | None:
+        request = self.context.get("request")
+        return None if request is None else request.build_absolute_uri
 
     @extend_schema_field(
         serializers.ListField(
@@ -156,16 +122,7 @@ class MessageSerializer(serializers.ModelSerializer):
     def get_stream(self, message: Message) -> dict[str, str] | None:
         if message.role != Message.Role.ASSISTANT:
             return None
-        return stream_urls(self.context.get("request"), message)
-
-
-def stream_urls(request: Any, message: Message) -> dict[str, str]:
-    sse = f"/api/messages/{message.id}/stream/"
-    ws = "/ws/chat/"
-    if request is not None:
-        sse = request.build_absolute_uri(sse)
-        ws = request.build_absolute_uri(ws).replace("http", "ws", 1)
-    return {"sse": sse, "ws": ws, "message_id": str(message.id)}
+        return representation.stream_urls(message, self._absolute())
 
 
 class SimulationSerializer(serializers.Serializer):

@@ -23,13 +23,7 @@ from rest_framework.views import APIView
 
 from streaming import selectors, services
 from streaming.api.authentication import AUTHENTICATION_CLASSES
-from streaming.api.parsers import (
-    JSONBodyParser,
-    PayloadTooLarge,
-    body_limit,
-    declared_length,
-    too_large_detail,
-)
+from streaming.api.parsers import JSONBodyParser, PayloadTooLarge
 from streaming.api.serializers import (
     ConversationSerializer,
     EditSerializer,
@@ -40,6 +34,7 @@ from streaming.api.serializers import (
     RegenerateSerializer,
     RegenerationSerializer,
 )
+from streaming.jsonbody import body_limit, declared_length, too_large_detail
 from streaming.models import Conversation, Message
 
 ERRORS = {

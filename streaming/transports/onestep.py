@@ -13,6 +13,12 @@ Django wrote it. A client that loses the stream resumes with that GET and
 
 Applies to ``POST /api/conversations/<id>/messages/``, ``POST /api/messages/`` (a new
 conversation), ``/regenerate/`` and ``/edit/``: any POST whose 201 describes a started answer.
+Posts of a message by a token caller are created without Django where the answer is the
+same (``streaming.transports.leanpost``, on the routes that say ``lean``).
+
+The stream's head carries ``STREAM_HEADERS`` and the headers Django's middleware set on the
+201 (security headers, a session's cookie), not those that describe its JSON body or the
+JSON resource (``Allow``).
 """
 
 from __future__ import annotations
@@ -25,15 +31,17 @@ from typing import Any
 from streaming import selectors
 from streaming.auth import header
 from streaming.conf import streaming_settings
+from streaming.metrics import ONE_STEP_POSTS
 from streaming.reading import MessageState
 from streaming.termination import Status
-from streaming.transports import eventstream
+from streaming.transports import eventstream, leanpost
 from streaming.transports.daphne import SendBuffer, frame_send
 from streaming.transports.sse import STREAM_HEADERS, send_events
 
 EVENT_STREAM = "text/event-stream"
-# Django's headers that describe its JSON body, not the stream that replaces it.
-BODY_HEADERS = {b"content-type", b"content-length", b"content-encoding", b"vary"}
+# Django's headers that describe its JSON body or the resource, not the stream that
+# replaces them.
+BODY_HEADERS = {b"content-type", b"content-length", b"content-encoding", b"vary", b"allow"}
 
 
 def wants_stream(scope: dict[str, Any]) -> bool:
@@ -77,14 +85,25 @@ class _Capture:
 
 
 class OneStepAnswers:
-    """ASGI middleware in front of Django (see the module's docstring)."""
+    """ASGI middleware in front of Django (see the module's docstring). ``lean``: the
+    route is a message post's, tried on the lean path first."""
 
-    def __init__(self, django: Any) -> None:
+    def __init__(self, django: Any, *, lean: bool = False) -> None:
         self.django = django
+        self.lean = lean
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
         if not wants_stream(scope):
             return await self.django(scope, receive, send)
+        if self.lean:
+            created = await leanpost.create(scope, receive)
+            if isinstance(created, leanpost.Created):
+                ONE_STEP_POSTS.labels(path="lean").inc()
+                await _open(send, created.body, created.headers)
+                await self._stream(created.state, receive, send)
+                return
+            receive = created  # the body read so far, then the rest
+        ONE_STEP_POSTS.labels(path="django").inc()
         state = await self._create(scope, receive, send)
         if state is not None:
             await self._stream(state, receive, send)
@@ -97,7 +116,20 @@ class OneStepAnswers:
         await self.django(_as_json_request(scope), receive, capture)
         if not capture.holding:
             return None
-        return await _open(capture, send)
+        created = capture.started_answer()
+        if created is None:  # a 201 of something else: as Django wrote it
+            await send({"type": "http.response.start", "status": 201, "headers": capture.headers})
+            await send({"type": "http.response.body", "body": bytes(capture.body)})
+            return None
+        await _open(send, created, capture.headers)
+        # The answer was created for this caller a moment ago: its state is known.
+        message = created["message"]
+        return MessageState(
+            id=message["id"],
+            status=message.get("status", Status.STREAMING.value),
+            last_seq=message.get("last_seq", 0),
+            termination=message.get("termination") or {},
+        )
 
     async def _stream(self, state: MessageState, receive: Any, send: Any) -> None:
         subscription = selectors.subscription(state, 0, "sse", SendBuffer(send))
@@ -116,27 +148,14 @@ class OneStepAnswers:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _open(capture: _Capture, send: Any) -> MessageState | None:
-    """Send the 201 as Django wrote it when it started nothing (``None``), else the
-    stream's head and its ``created`` event (the started answer's state)."""
-    created = capture.started_answer()
-    if created is None:  # a 201 of something else: as Django wrote it
-        await send({"type": "http.response.start", "status": 201, "headers": capture.headers})
-        await send({"type": "http.response.body", "body": bytes(capture.body)})
-        return None
-    kept = [(k, v) for k, v in capture.headers if k.lower() not in BODY_HEADERS]
+async def _open(send: Any, created: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> None:
+    """The stream's head, with what of the 201's ``headers`` is kept, and its ``created``
+    event (the 201's body)."""
+    kept = [(k, v) for k, v in headers if k.lower() not in BODY_HEADERS]
     await send({"type": "http.response.start", "status": 200, "headers": [*STREAM_HEADERS, *kept]})
     opening = eventstream.retry(streaming_settings.RETRY_MS)
     opening += eventstream.named("created", created)
     await send({"type": "http.response.body", "body": opening, "more_body": True})
-    # The answer was created for this caller a moment ago: its state is known.
-    message = created["message"]
-    return MessageState(
-        id=message["id"],
-        status=message.get("status", Status.STREAMING.value),
-        last_seq=message.get("last_seq", 0),
-        termination=message.get("termination") or {},
-    )
 
 
 async def _disconnected(receive: Any) -> None:

@@ -1,13 +1,16 @@
 """One round trip per answer: POST with ``Accept: text/event-stream`` answers with the
-stream, against a real Daphne process (token and session callers)."""
+stream, against a real Daphne process (token and session callers), on the lean path and
+through Django."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.observability.scrape import Scrape, scrape
 from tests.support.clients import (
     SSEEvent,
     auth,
@@ -97,22 +100,120 @@ async def test_a_new_conversations_first_message_streams_in_one_step_too(daphne,
         assert listed.json()["count"] == 1
 
 
-async def test_refusals_are_the_rest_apis_own(daphne, account, other_account) -> None:
+def lean_and_django(reading: Scrape, before: Scrape) -> tuple[float, float]:
+    """How many one-step posts each path created since ``before``."""
+    name = "chat_one_step_posts_total"
+    return tuple(  # type: ignore[return-value]
+        reading.value(name, path=path) - before.value(name, path=path)
+        for path in ("lean", "django")
+    )
+
+
+def shape(data: Any) -> Any:
+    """``data`` with its ids and times replaced by what they are, in order of first
+    appearance (two creations compare equal when they differ only in those)."""
+    names: dict[str, str] = {}
+
+    def name(match: re.Match[str]) -> str:
+        return names.setdefault(match[0], f"<id{len(names)}>")
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if isinstance(value, str):
+            value = re.sub(
+                r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", name, value
+            )
+            return re.sub(r"^\d{4}-\d\d-\d\dT[\d:.]+Z$", "<time>", value)
+        return value
+
+    return walk(data)
+
+
+async def test_the_lean_path_answers_a_post_as_django_does(daphne, account) -> None:
+    """A token caller's post is created without Django; the same post with a query string
+    goes through Django. Both answer the same head and the same ``created`` event."""
     server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        before = await scrape(api)
+        answers = []
+        for query in ("", "?wait=false"):
+            conversation = await create_conversation(api, account.token)
+            url = f"/api/conversations/{conversation}/messages/{query}"
+            body = {"content": "same question", "params": QUICK, "model": ""}
+            response, events = await post_streaming(api, url, body, auth(account.token))
+            assert response.status_code == 200 and events[-1].data["type"] == "done"
+            answers.append((response.headers, events[0]))
+        assert lean_and_django(await scrape(api), before) == (1, 1)
+
+        (lean_headers, lean), (django_headers, django) = answers
+        assert lean.event == django.event == "created"
+        assert shape(lean.data) == shape(django.data)
+        assert lean.data["message"]["stream"]["sse"].startswith(server.url)
+        assert {k: v for k, v in lean_headers.items() if k != "date"} == {
+            k: v for k, v in django_headers.items() if k != "date"
+        }
+        assert lean_headers["x-frame-options"] == "DENY"
+        assert lean_headers["x-content-type-options"] == "nosniff"
+        assert "allow" not in lean_headers
+
+
+async def test_refusals_are_the_rest_apis_own(daphne, account, other_account) -> None:
+    """Whatever the lean path cannot answer as Django would goes to Django: every refusal
+    is the REST API's own, and leaves nothing behind."""
+    server = daphne(MAX_CONCURRENT_GENERATIONS_PER_USER="1", MAX_REQUEST_BYTES="2000")
+    endless = {"simulation": {"length": 5000, "tokens_per_second": 20, "ttft_ms": 0}}
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
         conversation = await create_conversation(api, account.token)
         url = f"/api/conversations/{conversation}/messages/"
-        for body, headers, status in (
+        refusals: list[tuple[Any, dict[str, str], int]] = [
             ({"content": "x", "params": {"top_p": 7}}, auth(account.token), 400),
             ({"content": ""}, auth(account.token), 400),
+            ({"content": "   "}, auth(account.token), 400),
+            ({"content": 42}, auth(account.token), 400),
+            ({"content": "x\u0000y"}, auth(account.token), 400),
+            ({"content": "x", "params": [1]}, auth(account.token), 400),
+            ({"content": "x", "model": None}, auth(account.token), 400),
+            ({"content": "x", "model": "no-such-model"}, auth(account.token), 400),
+            (["content"], auth(account.token), 400),
+            ({"content": "x" * 3000}, auth(account.token), 413),
             ({"content": "x"}, {}, 401),
+            ({"content": "x"}, {"Authorization": "Token not-a-key"}, 401),
             ({"content": "x"}, auth(other_account.token), 404),
-        ):
+        ]
+        before = await scrape(api)
+        for body, headers, status in refusals:
             streamed, _ = await post_streaming(api, url, body, headers)
             plain = await api.post(url, json=body, headers=headers)
-            assert streamed.status_code == plain.status_code == status
+            assert streamed.status_code == plain.status_code == status, body
             assert streamed.headers["content-type"] == "application/json"
             assert streamed.json() == plain.json()
+        for raw in (b'{"content": "x",}', b'{"content": "\xff"}'):
+            headers = {**auth(account.token), **STREAM, "Content-Type": "application/json"}
+            streamed = await api.post(url, content=raw, headers=headers)
+            assert (
+                streamed.status_code == 400 and streamed.json()["error"]["code"] == "invalid_body"
+            )
+        missing = "/api/conversations/00000000-0000-4000-8000-000000000000/messages/"
+        streamed, _ = await post_streaming(api, missing, {"content": "x"}, auth(account.token))
+        assert streamed.status_code == 404
+
+        # The user's one answer streams; a second is refused (429) by either path.
+        _, head = await post_streaming(
+            api, url, {"content": "go on", "params": endless}, auth(account.token), stop_after=2
+        )
+        streamed, _ = await post_streaming(api, url, {"content": "x"}, auth(account.token))
+        plain = await api.post(url, json={"content": "x"}, headers=auth(account.token))
+        assert streamed.status_code == plain.status_code == 429
+        assert streamed.json() == plain.json()
+        assert lean_and_django(await scrape(api), before) == (1, len(refusals) + 4)
+
+        listing = await api.get(url, headers=auth(account.token))
+        assert [m["content"] for m in listing.json()["results"]][::2] == ["go on"]
+        await api.post(f"/api/messages/{head[0].data['message']['id']}/cancel/",
+                       headers=auth(account.token))  # fmt: skip
 
 
 async def test_a_session_caller_needs_the_csrf_token_as_on_rest(daphne, account) -> None:

@@ -1,0 +1,109 @@
+"""The lean one-step post takes only what the REST API would take as it is, and turns
+itself off where it cannot answer as Django would."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streaming.api.serializers import PostMessageSerializer
+from streaming.transports import leanpost
+
+TEXT = st.text(st.characters(codec="utf-8"), max_size=30) | st.sampled_from(["", " ", "a\x00b"])
+VALUES = (
+    TEXT
+    | st.none()
+    | st.booleans()
+    | st.integers()
+    | st.lists(st.integers(), max_size=2)
+    | st.dictionaries(st.sampled_from(["max_tokens", "x"]), st.integers(), max_size=2)
+)
+BODIES = st.dictionaries(st.sampled_from(["content", "params", "model", "other"]), VALUES)
+
+
+@given(BODIES)
+@settings(max_examples=300, deadline=None)
+def test_what_it_takes_the_serializer_takes_unchanged(body: dict[str, Any]) -> None:
+    taken = leanpost._post(json.dumps(body).encode())
+    if taken is None:
+        return
+    serializer = PostMessageSerializer(data=body)
+    assert serializer.is_valid(), serializer.errors
+    valid = serializer.validated_data
+    assert taken == {
+        "content": valid["content"],
+        "params": valid.get("params"),
+        "model": valid.get("model", ""),
+    }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"content": "hello"},
+        {"content": "  padded  ", "params": {"max_tokens": 3}, "model": ""},
+        {"content": "日本 🚀", "params": None, "model": "sim", "unknown": 1},
+    ],
+)
+def test_it_takes_the_common_posts(body: dict[str, Any]) -> None:
+    assert leanpost._post(json.dumps(body).encode()) is not None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"[]", b'"text"', b'{"content": NaN}', b'{"content": "a",}', b'{"content": "\xff"}'],
+)
+def test_a_body_the_parser_refuses_is_djangos(raw: bytes) -> None:
+    assert leanpost._post(raw) is None
+
+
+def test_middleware_it_does_not_account_for_turns_it_off(caplog: Any) -> None:
+    leanpost.available.cache_clear()
+    try:
+        assert leanpost.available()
+        extra = ["corsheaders.middleware.CorsMiddleware"]
+        with (
+            override_settings(MIDDLEWARE=[*extra, *leanpost.ACCOUNTED_MIDDLEWARE]),
+            caplog.at_level(logging.WARNING, logger=leanpost.__name__),
+        ):
+            leanpost.available.cache_clear()
+            assert not leanpost.available()
+        assert "corsheaders.middleware.CorsMiddleware" in caplog.text
+    finally:
+        leanpost.available.cache_clear()
+
+
+def _scope(host: bytes) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/api/messages/",
+        "query_string": b"",
+        "headers": [(b"host", host)],
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 50000),
+        "scheme": "http",
+    }
+
+
+def test_a_host_django_refuses_is_djangos() -> None:
+    with override_settings(ALLOWED_HOSTS=["chat.example"]):
+        assert leanpost._request(_scope(b"chat.example")) is not None
+        assert leanpost._request(_scope(b"evil.example")) is None
+
+
+def test_a_request_django_would_redirect_is_djangos() -> None:
+    # The middleware reads its settings when made, as Django's handler makes it once.
+    try:
+        with override_settings(SECURE_SSL_REDIRECT=True):
+            leanpost._middleware.cache_clear()
+            assert leanpost._request(_scope(b"127.0.0.1")) is None
+            assert leanpost._request({**_scope(b"127.0.0.1"), "scheme": "https"}) is not None
+    finally:
+        leanpost._middleware.cache_clear()
