@@ -92,6 +92,16 @@ class Message(models.Model):
         indexes = [
             models.Index(fields=["conversation", "created_at"], name="msg_conv_created"),
             models.Index(fields=["status", "updated_at"], name="msg_status_updated"),
+            # The answers streaming now, by conversation: a user's running answers are
+            # counted on every post (``statements.running_answers``) and a conversation
+            # list says which stream. Only the rows streaming now are in it, where an
+            # index of every message's status grows with the table and, until a vacuum,
+            # with every answer that once streamed.
+            models.Index(
+                fields=["conversation"],
+                condition=models.Q(status=Status.STREAMING),
+                name="msg_streaming",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -292,15 +292,19 @@ def lock_user(user_pk: Any) -> None:
 
 @functools.cache
 def _running_answers_sql(alias: str) -> str:
+    """The status is written into the statement, not bound: the planner then knows it
+    may read the index of streaming answers (``msg_streaming``), which holds only them."""
     connection = connections[alias]
     message, conversation = _table(connection, Message), _table(connection, Conversation)
+    status = _column(connection, Message, "status")
+    assert Status.STREAMING.isidentifier(), "written into the statement as a literal"
     return (
         f"SELECT COUNT(*) FROM {message} INNER JOIN {conversation}"
         f" ON {message}.{_column(connection, Message, 'conversation')}"
         f" = {conversation}.{_column(connection, Conversation, 'id')}"
         f" WHERE {conversation}.{_column(connection, Conversation, 'owner')} = %s"
         f" AND {message}.{_column(connection, Message, 'role')} = %s"
-        f" AND {message}.{_column(connection, Message, 'status')} = %s"
+        f" AND {message}.{status} = '{Status.STREAMING.value}'"
     )
 
 
@@ -308,9 +312,7 @@ def running_answers(user_pk: Any) -> int:
     """How many of the user's answers are streaming now."""
     alias, connection = _connection(Message)
     with connection.cursor() as cursor:
-        cursor.execute(
-            _running_answers_sql(alias), [user_pk, Message.Role.ASSISTANT, Status.STREAMING]
-        )
+        cursor.execute(_running_answers_sql(alias), [user_pk, Message.Role.ASSISTANT])
         row = cursor.fetchone()
     return int(row[0])
 
