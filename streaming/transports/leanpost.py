@@ -1,5 +1,4 @@
-"""The one-step ``POST`` of a message by a token caller, created without Django's request
-cycle and DRF.
+"""The one-step ``POST`` of a message, created without Django's request cycle and DRF.
 
 Posting a message is the path of every answer, and Django's handler, its middleware and a
 DRF view around one call of ``services.create_exchange`` cost more than the call itself.
@@ -9,8 +8,9 @@ as the REST API would:
 
 - ``POST /api/conversations/<id>/messages/`` or ``POST /api/messages/`` with no query
   string (``?wait=`` is Django's), asking for ``text/event-stream`` (``onestep``);
-- an ``Authorization: Token`` or ``Bearer`` key of an active user (a session caller needs
-  Django's CSRF check);
+- an ``Authorization: Token`` or ``Bearer`` key of an active user, or the session of an
+  active user with a request that passes Django's CSRF check (as DRF's session
+  authentication runs it);
 - a ``application/json`` body with a ``Content-Length`` within ``MAX_REQUEST_BYTES``, a
   JSON object that ``PostMessageSerializer`` would accept as it is;
 - a host Django accepts (``ALLOWED_HOSTS``), and nothing Django's security or common
@@ -22,13 +22,15 @@ nothing was made), goes to Django as it came: the body already read is handed on
 So every error, and every request this path does not know, is answered by the REST API
 itself, and a test compares what both paths answer.
 
-Of the middleware (``settings.MIDDLEWARE``), this path runs the request checks of the
-security and common middleware and the response headers of the security and clickjacking
-middleware; the others do nothing to such a request (WhiteNoise serves only static
-files, a token caller has no session, CSRF and messages, and DRF's views are CSRF-exempt)
-except django-prometheus, whose request metrics do not see these posts
-(``chat_one_step_posts_total`` counts them). A deployment that adds middleware turns this
-path off, and says so at start-up: it would not run there.
+Django's middleware (``settings.MIDDLEWARE``) is run hook by hook, in its order: the
+request checks of the security, session and common middleware, the CSRF check, and the
+response hooks that give the 201 its headers (clickjacking, CSRF, common, session, which
+saves a session changed on the way and sets its cookie, security). The others do nothing
+to such a request (WhiteNoise serves only static files, authentication is resolved here
+as its lazy user would be, messages are never read or written) except django-prometheus,
+whose request metrics do not see these posts (``chat_one_step_posts_total`` counts them).
+A deployment whose ``MIDDLEWARE`` is not exactly this list turns the path off, and says so
+at start-up.
 """
 
 from __future__ import annotations
@@ -38,14 +40,17 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
+from django.contrib.auth import get_user
+from django.contrib.sessions.middleware import SessionMiddleware
 from django.core.handlers.asgi import ASGIRequest
 from django.db import Error as DatabaseError
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.middleware.clickjacking import XFrameOptionsMiddleware
 from django.middleware.common import CommonMiddleware
+from django.middleware.csrf import CsrfViewMiddleware
 from django.middleware.security import SecurityMiddleware
 
 from streaming import database, representation, services
@@ -60,8 +65,8 @@ log = logging.getLogger(__name__)
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
-# What settings.MIDDLEWARE may hold for this path to answer as Django would (see above).
-ACCOUNTED_MIDDLEWARE = frozenset(
+# What settings.MIDDLEWARE must be for this path to answer as Django would (see above).
+ACCOUNTED_MIDDLEWARE = tuple(
     f"chatsite.middleware.{name}"
     for name in (
         "PrometheusBeforeMiddleware", "SecurityMiddleware", "WhiteNoiseMiddleware",
@@ -70,7 +75,6 @@ ACCOUNTED_MIDDLEWARE = frozenset(
         "PrometheusAfterMiddleware",
     )
 )  # fmt: skip
-POST_FIELDS = ("content", "params", "model")
 
 
 @dataclass(slots=True)
@@ -85,48 +89,94 @@ class Created:
 
 @cache
 def available() -> bool:
-    unknown = sorted(set(settings.MIDDLEWARE) - ACCOUNTED_MIDDLEWARE)
-    if unknown:
-        log.warning(
-            "one-step posts go through Django: middleware %s is not one the lean path "
-            "accounts for (streaming.transports.leanpost)",
-            ", ".join(unknown),
-        )
-    return not unknown
+    if tuple(settings.MIDDLEWARE) == ACCOUNTED_MIDDLEWARE:
+        return True
+    log.warning(
+        "one-step posts go through Django: MIDDLEWARE is not the list the lean path "
+        "accounts for (streaming.transports.leanpost): %s",
+        ", ".join(settings.MIDDLEWARE),
+    )
+    return False
+
+
+class _CsrfCheck(CsrfViewMiddleware):
+    """Django's CSRF check as DRF's session authentication runs it: the reason for a
+    refusal instead of a 403 page."""
+
+    def _reject(self, request: HttpRequest, reason: str) -> Any:
+        return reason
+
+
+@dataclass(frozen=True, slots=True)
+class _Middleware:
+    """The hooks of ``settings.MIDDLEWARE`` that act on a message post (see above), made
+    once as Django's handler makes its middleware once."""
+
+    security: SecurityMiddleware
+    session: SessionMiddleware
+    common: CommonMiddleware
+    csrf: _CsrfCheck
+    clickjacking: XFrameOptionsMiddleware
+
+
+def _unused(request: Any) -> Any:
+    raise AssertionError("only the middleware's hooks are called, never a view")
 
 
 @cache
-def _middleware() -> tuple[SecurityMiddleware, CommonMiddleware, XFrameOptionsMiddleware]:
-    def unused(request: Any) -> Any:
-        raise AssertionError("only the middleware's hooks are called")
-
-    return SecurityMiddleware(unused), CommonMiddleware(unused), XFrameOptionsMiddleware(unused)
+def _middleware() -> _Middleware:
+    return _Middleware(
+        SecurityMiddleware(_unused),
+        SessionMiddleware(_unused),
+        CommonMiddleware(_unused),
+        _CsrfCheck(_unused),
+        XFrameOptionsMiddleware(_unused),
+    )
 
 
 def _request(scope: dict[str, Any]) -> ASGIRequest | None:
     """Django's request for ``scope`` (its body is not needed), when Django's middleware
     would let it through to the view unchanged."""
-    security, common, _ = _middleware()
+    middleware = _middleware()
     request = ASGIRequest(scope, io.BytesIO())
     try:
         request.get_host()  # ALLOWED_HOSTS
-        if security.process_request(request) or common.process_request(request):
+        if middleware.security.process_request(request):
+            return None
+        middleware.session.process_request(request)  # lazy: read only if asked
+        if middleware.common.process_request(request):
             return None
     except Exception:
         return None
     return request
 
 
+def _session_user(request: ASGIRequest) -> Any | None:
+    """The session's user, as DRF's session authentication accepts it: active, and the
+    request passing Django's CSRF check (checked first: it changes nothing, where
+    resolving the user may rotate or flush the session)."""
+    csrf = _middleware().csrf
+    csrf.process_request(request)
+    if csrf.process_view(request, _unused, (), {}) is not None:
+        return None
+    user = get_user(request)
+    return user if user.is_authenticated and user.is_active else None
+
+
 def _response_headers(request: ASGIRequest) -> list[tuple[bytes, bytes]]:
-    security, _, clickjacking = _middleware()
-    response = clickjacking.process_response(
-        request, security.process_response(request, HttpResponse())
-    )
-    return [
-        (name.lower().encode("latin-1"), value.encode("latin-1"))
-        for name, value in response.headers.items()
-        if name.lower() != "content-type"
-    ]
+    """The headers Django's middleware gives a 201 to ``request``, in the order it runs
+    them (a session changed on the way is saved and its cookie set, as Django does)."""
+    middleware = _middleware()
+    response: Any = HttpResponse(status=201)
+    response = middleware.clickjacking.process_response(request, response)
+    response = middleware.csrf.process_response(request, response)
+    response = middleware.common.process_response(request, response)
+    response = middleware.session.process_response(request, response)
+    response = middleware.security.process_response(request, response)
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
+    for cookie in response.cookies.values():
+        headers.append((b"set-cookie", cookie.output(header="").encode("ascii").strip()))
+    return headers
 
 
 def _declared_json(scope: dict[str, Any]) -> int | None:
@@ -195,19 +245,20 @@ async def _body(receive: Receive, length: int) -> tuple[bytes | None, list[dict[
 
 
 def _create(
-    scope: dict[str, Any],
-    user: Any,
-    post: dict[str, Any],
-    absolute: representation.Absolute,
-) -> tuple[dict[str, Any], MessageState] | None:
-    """In a database thread: resolve the token if the loop could not, create the
-    exchange as the REST view does, and describe it as its 201 does. None when Django
-    must answer instead (nothing was made)."""
+    request: ASGIRequest, key: str | None, user: Any, post: dict[str, Any]
+) -> Created | None:
+    """In a database thread: resolve the caller if the loop could not (``key``: a
+    token, else the session), create the exchange as the REST view does, and describe it
+    as its 201 does. None when Django must answer instead (nothing was made)."""
     if user is None:
-        user = resolve_user(scope)
-    if not user.is_authenticated:
+        user = (
+            _session_user(request)
+            if key is None
+            else resolve_user(cast(dict[str, Any], request.scope))
+        )
+    if user is None or not user.is_authenticated:
         return None
-    conversation_id = scope["url_route"]["kwargs"].get("conversation_id")
+    conversation_id = request.scope["url_route"]["kwargs"].get("conversation_id")
     try:
         exchange = services.create_exchange(
             user, conversation_id, post["content"], post["params"], model=post["model"]
@@ -216,11 +267,12 @@ def _create(
         return None
     question, answer = exchange.user_message, exchange.assistant_message
     assert question is not None
+    absolute = request.build_absolute_uri
     body = {
         "user_message": _described(question, exchange.siblings, absolute),
         "message": _described(answer, exchange.siblings, absolute),
     }
-    return body, MessageState.of(answer)
+    return Created(body, _response_headers(request), MessageState.of(answer))
 
 
 def _described(
@@ -229,11 +281,21 @@ def _described(
     return representation.message_data(message, siblings[str(message.id)], absolute)
 
 
+def _caller(scope: dict[str, Any]) -> tuple[bool, str | None]:
+    """Whether this path may serve the caller, and its token's key (None: the session)."""
+    key = token_from_header(header(scope, b"authorization"))
+    if key is not None:
+        return bool(key), key
+    cookies = header(scope, b"cookie") or ""
+    has_session = f"{settings.SESSION_COOKIE_NAME}=" in cookies
+    return has_session and not settings.SESSION_SAVE_EVERY_REQUEST, None
+
+
 async def create(scope: dict[str, Any], receive: Receive) -> Created | Receive:
     """The started answer, or the ``receive`` Django must be called with instead."""
-    key = token_from_header(header(scope, b"authorization"))
+    served, key = _caller(scope)
     length = _declared_json(scope)
-    if not available() or scope.get("query_string") or not key or length is None:
+    if not available() or scope.get("query_string") or not served or length is None:
         return receive
     request = _request(scope)
     if request is None:
@@ -243,9 +305,8 @@ async def create(scope: dict[str, Any], receive: Receive) -> Created | Receive:
     post = None if body is None else _post(body)
     if post is None:
         return replay
-    # A token this process holds costs no trip; else it is resolved with the creation.
-    made = await database.run(_create, scope, cached_user(key), post, request.build_absolute_uri)
-    if made is None:
-        return replay
-    created, state = made
-    return Created(created, _response_headers(request), state)
+    # A token this process holds costs no trip; anything else is resolved with the
+    # creation, in the same one.
+    user = cached_user(key) if key is not None else None
+    created = await database.run(_create, request, key, user, post)
+    return replay if created is None else created

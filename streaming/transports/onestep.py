@@ -13,8 +13,9 @@ Django wrote it. A client that loses the stream resumes with that GET and
 
 Applies to ``POST /api/conversations/<id>/messages/``, ``POST /api/messages/`` (a new
 conversation), ``/regenerate/`` and ``/edit/``: any POST whose 201 describes a started answer.
-Posts of a message by a token caller are created without Django where the answer is the
-same (``streaming.transports.leanpost``, on the routes that say ``lean``).
+A message post is created without Django's request cycle wherever the answer is the same
+(``streaming.transports.leanpost``, on the routes that say ``lean``); the rest of this
+holds for both.
 
 The stream's head carries ``STREAM_HEADERS`` and the headers Django's middleware set on the
 201 (security headers, a session's cookie), not those that describe its JSON body or the

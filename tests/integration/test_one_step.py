@@ -217,6 +217,8 @@ async def test_refusals_are_the_rest_apis_own(daphne, account, other_account) ->
 
 
 async def test_a_session_caller_needs_the_csrf_token_as_on_rest(daphne, account) -> None:
+    """A signed-in page's post is created on the lean path too, answered as Django
+    answers it; one without the CSRF token, or from another origin, is Django's 403."""
     server = daphne()
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as browser:
         login = await browser.get("/accounts/login/")
@@ -229,21 +231,36 @@ async def test_a_session_caller_needs_the_csrf_token_as_on_rest(daphne, account)
         )  # fmt: skip
         assert signed_in.status_code in (200, 302), signed_in.text
         csrf = browser.cookies.get("csrftoken")
-        conversation = (
-            await browser.post(
-                "/api/conversations/",
-                json={},
-                headers={"X-CSRFToken": csrf, "Referer": server.url + "/"},
+        page = {"X-CSRFToken": csrf, "Referer": server.url + "/", "Origin": server.url}
+        before = await scrape(browser)
+        answers = []
+        for query in ("", "?wait=false"):
+            conversation = (await browser.post("/api/conversations/", json={}, headers=page)).json()
+            url = f"/api/conversations/{conversation['id']}/messages/"
+            for refused_headers in ({}, {**page, "Origin": "http://evil.example"}):
+                refused, _ = await post_streaming(browser, url + query, {"content": "x"},
+                                                  refused_headers)  # fmt: skip
+                plain = await browser.post(url, json={"content": "x"}, headers=refused_headers)
+                assert refused.status_code == plain.status_code == 403
+                assert refused.json() == plain.json()
+            response, events = await post_streaming(
+                browser, url + query, {"content": "x", "params": QUICK}, page
             )
-        ).json()["id"]
-        url = f"/api/conversations/{conversation}/messages/"
-        refused, _ = await post_streaming(browser, url, {"content": "x"}, {})
-        assert refused.status_code == 403
-        accepted, events = await post_streaming(
-            browser, url, {"content": "x", "params": QUICK},
-            {"X-CSRFToken": csrf, "Referer": server.url + "/"},
-        )  # fmt: skip
-        assert accepted.status_code == 200 and events[-1].data["type"] == "done"
+            assert response.status_code == 200 and events[-1].data["type"] == "done"
+            answers.append((response.headers, events[0]))
+        assert lean_and_django(await scrape(browser), before) == (1, 5)
+        (lean_headers, lean), (django_headers, django) = answers
+        assert shape(lean.data) == shape(django.data)
+        assert {k: v for k, v in lean_headers.items() if k != "date"} == {
+            k: v for k, v in django_headers.items() if k != "date"
+        }
+
+        # A session that is not one (signed out elsewhere, made up) is Django's 401/403.
+        browser.cookies.set("sessionid", "not-a-session")
+        refused, _ = await post_streaming(browser, url, {"content": "x"}, page)
+        plain = await browser.post(url, json={"content": "x"}, headers=page)
+        assert refused.status_code == plain.status_code and refused.status_code in (401, 403)
+        assert refused.json() == plain.json()
 
 
 async def test_a_dropped_one_step_stream_resumes_with_the_get(daphne, account) -> None:
