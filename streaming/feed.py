@@ -24,7 +24,8 @@ from streaming.control import Control
 
 log = logging.getLogger(__name__)
 
-USER_EVENT = "user_event"
+# A control message of feed events: {"type", "user", "events": [...]}.
+USER_EVENTS = "user_events"
 FEED_QUEUE = 256
 
 
@@ -65,19 +66,21 @@ class Feed:
         if not mine:
             del self.listeners[user_id]
 
-    async def publish(self, user_id: int, event: dict[str, Any]) -> None:
-        """To every process's listeners of ``user_id`` (this one's included). ``event``:
-        ``{"event": <kind>, ...}`` with JSON-able fields."""
-        await self.control.send(f"user:{user_id}", {"type": USER_EVENT, "user": user_id, **event})
+    async def publish(self, user_id: int, events: list[dict[str, Any]]) -> None:
+        """To every process's listeners of ``user_id`` (this one's included), in order,
+        in one control message. An event: ``{"event": <kind>, ...}`` with JSON-able
+        fields."""
+        message = {"type": USER_EVENTS, "user": user_id, "events": events}
+        await self.control.send(f"user:{user_id}", message)
 
     def handles(self, message: dict[str, Any]) -> bool:
-        """Deliver ``message`` if it is a feed event (control's handler asks first)."""
-        if message.get("type") != USER_EVENT:
+        """Deliver ``message`` if it is feed events (control's handler asks first)."""
+        if message.get("type") != USER_EVENTS:
             return False
-        user_id = message.get("user")
-        if not isinstance(user_id, int):
-            return True
-        event = {k: v for k, v in message.items() if k not in ("type", "user", "mid")}
-        for listener in self.listeners.get(user_id, ()):
-            listener.put(event)
+        listeners = self.listeners.get(message.get("user"))  # type: ignore[arg-type]
+        events = message.get("events")
+        if listeners and isinstance(events, list):
+            for event in events:
+                for listener in listeners:
+                    listener.put(event)
         return True

@@ -128,10 +128,11 @@ class Runtime:
         wait for its result (a request thread stopping answers, say)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop()).result()
 
-    def notify(self, user_id: int, event: dict[str, Any]) -> None:
-        """Publish a feed event from any thread without waiting for it (a request thread,
-        after its transaction committed); a failure is logged, never the caller's."""
-        self._send_soon(self.feed.publish(user_id, event))
+    def notify(self, user_id: int, events: list[dict[str, Any]]) -> None:
+        """Publish feed events from any thread without waiting for them (a request thread,
+        after its transaction committed), in one message; a failure is logged, never the
+        caller's."""
+        self._send_soon(self.feed.publish(user_id, events))
 
     def revoke_tokens(self, user_id: int) -> None:
         """Tell every process (this one's included) to drop ``user_id``'s cached tokens,

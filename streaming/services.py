@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
@@ -64,16 +65,21 @@ def call(fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwa
     return get_runtime().call(fn(*args, **kwargs))
 
 
-def _notify(user_id: int, event: str, **fields: Any) -> None:
+def _event(kind: str, **fields: Any) -> dict[str, Any]:
+    """A feed event (``streaming.feed``): ``{"event": kind, ...}``."""
+    return {"event": kind, **fields}
+
+
+def _notify(user_id: int, *events: dict[str, Any]) -> None:
     """Tell the user's other tabs (the feed, ``streaming.feed``) once the transaction this
-    runs in has committed: an event for rows that were rolled back is never sent."""
-    payload = {"event": event, **fields}
-    transaction.on_commit(lambda: get_runtime().notify(user_id, payload))
+    runs in has committed: events for rows that were rolled back are never sent. The
+    events of one call travel together, in one message to every process."""
+    batch = list(events)
+    transaction.on_commit(lambda: get_runtime().notify(user_id, batch))
 
 
-def _notify_created(user_id: int, question: Message | None, answer: Message) -> None:
-    _notify(
-        user_id,
+def _created(question: Message | None, answer: Message) -> dict[str, Any]:
+    return _event(
         "message.created",
         conversation=str(answer.conversation_id),
         user_message_id=None if question is None else str(question.id),
@@ -158,7 +164,7 @@ def create_conversation(
         system_prompt=system_prompt,
         model=check_model(model),
     )
-    _notify(user.pk, "conversation.created", conversation=str(conversation.id), title=title)
+    _notify(user.pk, _event("conversation.created", conversation=str(conversation.id), title=title))
     return conversation
 
 
@@ -177,9 +183,9 @@ def update_conversation(user: Any, conversation: Conversation, changes: dict[str
     if "title" in changes:
         _notify(
             user.pk,
-            "conversation.updated",
-            conversation=str(conversation.id),
-            title=conversation.title,
+            _event(
+                "conversation.updated", conversation=str(conversation.id), title=conversation.title
+            ),
         )
 
 
@@ -265,6 +271,7 @@ def _create_exchange(
     """``raw_params`` were checked for ``model``'s engine (the default one for ""); they
     are checked again for the engine that answers (the conversation's model may be
     another engine's)."""
+    events: list[dict[str, Any]] = []
     with transaction.atomic():
         if conversation_id is None:
             # A new conversation, made with its messages or not at all; the owner's row is
@@ -272,7 +279,9 @@ def _create_exchange(
             statements.lock_user(user.pk)
             conversation = Conversation(owner_id=user.pk)
             statements.insert([conversation])
-            _notify(user.pk, "conversation.created", conversation=str(conversation.id), title="")
+            events.append(
+                _event("conversation.created", conversation=str(conversation.id), title="")
+            )
         else:
             conversation = conversation_for(user, conversation_id, lock=True)
         _check_capacity(user)
@@ -306,11 +315,12 @@ def _create_exchange(
         if not conversation.title:
             conversation.title = content.strip().splitlines()[0][:80] if content.strip() else ""
             conversation.title_source = Conversation.TitleSource.QUESTION
-            _notify(
-                user.pk,
-                "conversation.updated",
-                conversation=str(conversation.id),
-                title=conversation.title,
+            events.append(
+                _event(
+                    "conversation.updated",
+                    conversation=str(conversation.id),
+                    title=conversation.title,
+                )
             )
         assistant, plan = _start_answer(
             user,
@@ -321,7 +331,7 @@ def _create_exchange(
             grace,
             new=(*earlier, user_message),
         )
-        _notify_created(user.pk, user_message, assistant)
+        _notify(user.pk, *events, _created(user_message, assistant))
         siblings = {
             str(user_message.id): [*siblings_before, str(user_message.id)],
             str(assistant.id): [str(assistant.id)],
@@ -481,10 +491,12 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
         conversation = message.conversation
         _notify(
             conversation.owner_id,
-            "message.continued",
-            conversation=str(conversation.id),
-            message_id=str(message.id),
-            after=first_seq - 1,
+            _event(
+                "message.continued",
+                conversation=str(conversation.id),
+                message_id=str(message.id),
+                after=first_seq - 1,
+            ),
         )
         # The path down to the answer, the answer itself last (with its reasoning).
         history = path_messages(conversation.id, message.id)[:-1]
@@ -548,7 +560,7 @@ def _create_regeneration(
         assistant, plan = _start_answer(
             user, conversation, tree.path(old.parent_id), params, model, None
         )
-        _notify_created(user.pk, None, assistant)
+        _notify(user.pk, _created(None, assistant))
         siblings = {str(assistant.id): [*tree.children(old.parent_id), str(assistant.id)]}
     return assistant, plan, siblings
 
@@ -584,7 +596,7 @@ def _create_edit(
             None,
             new=(question,),
         )
-        _notify_created(user.pk, question, assistant)
+        _notify(user.pk, _created(question, assistant))
         siblings = {
             str(question.id): [*tree.children(old.parent_id), str(question.id)],
             str(assistant.id): [str(assistant.id)],
@@ -648,9 +660,11 @@ def switch_branch(user: Any, conversation_id: Any, message_id: Any) -> Conversat
         conversation.save(update_fields=["current_leaf"])
         _notify(
             user.pk,
-            "branch.switched",
-            conversation=str(conversation.id),
-            current_leaf=str(conversation.current_leaf_id),
+            _event(
+                "branch.switched",
+                conversation=str(conversation.id),
+                current_leaf=str(conversation.current_leaf_id),
+            ),
         )
     return conversation
 
@@ -736,10 +750,13 @@ def delete_conversations(conversations: QuerySet[Conversation]) -> None:
     if running:
         call(stop_answers, running)
     message_ids = [str(i) for i in messages.values_list("id", flat=True)]
+    deleted: defaultdict[int, list[dict[str, Any]]] = defaultdict(list)
+    for pk, owner_id in owned:
+        deleted[owner_id].append(_event("conversation.deleted", conversation=str(pk)))
     with transaction.atomic():
         Conversation.objects.filter(pk__in=ids).delete()
-        for pk, owner_id in owned:
-            _notify(owner_id, "conversation.deleted", conversation=str(pk))
+        for owner_id, events in deleted.items():
+            _notify(owner_id, *events)
     if message_ids:
         call(_drop_logs, message_ids)
 

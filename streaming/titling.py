@@ -111,7 +111,13 @@ async def title_conversation(message_id: str, engine: Engine | None = None) -> N
             return
         get_runtime().notify(
             conversation.owner_id,
-            {"event": "conversation.updated", "conversation": str(conversation.id), "title": title},
+            [
+                {
+                    "event": "conversation.updated",
+                    "conversation": str(conversation.id),
+                    "title": title,
+                }
+            ],
         )
     except Exception as exc:
         log.info("no title for the conversation of %s: %s", message_id, exc)

@@ -47,7 +47,12 @@ async def test_another_tab_sees_the_message_and_follows_its_stream(
 
         long = {"simulation": {"length": 60, "tokens_per_second": 30, "ttft_ms": 0}}
         reply = (await sender.create(conversation, "from the other tab", long))[-1]
-        seen = await next_feed(watcher, "message.created")
+        # The first question titles the conversation: both events, in the order made.
+        titled = await next_feed(watcher, "conversation.updated")
+        assert titled["title"] == "from the other tab"
+        async with asyncio.timeout(HANG):
+            seen = await watcher.recv()
+        assert (seen["type"], seen["event"]) == ("feed", "message.created")
         assert seen["message_id"] == reply["message_id"]
         assert seen["user_message_id"] == reply["user_message_id"]
         assert seen["conversation"] == conversation
