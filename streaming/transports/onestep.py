@@ -97,17 +97,26 @@ class OneStepAnswers:
         if not wants_stream(scope):
             return await self.django(scope, receive, send)
         if self.lean:
-            created = await leanpost.create(scope, receive)
-            if isinstance(created, leanpost.Created):
-                ONE_STEP_POSTS.labels(path="lean").inc()
-                await _open(send, created.body, created.headers)
-                await self._stream(created.state, receive, send)
+            lean = await self._create_lean(scope, receive, send)
+            if isinstance(lean, MessageState):
+                await self._stream(lean, receive, send)
                 return
-            receive = created  # the body read so far, then the rest
+            receive = lean  # the body read so far, then the rest
         ONE_STEP_POSTS.labels(path="django").inc()
         state = await self._create(scope, receive, send)
         if state is not None:
             await self._stream(state, receive, send)
+
+    async def _create_lean(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        """The lean path's answer: the stream's head and ``created`` event sent and the
+        answer's state returned, or the ``receive`` Django must be called with. As with
+        Django's, nothing of the 201 outlives this call."""
+        created = await leanpost.create(scope, receive)
+        if not isinstance(created, leanpost.Created):
+            return created
+        ONE_STEP_POSTS.labels(path="lean").inc()
+        await _open(send, created.body, created.headers)
+        return created.state
 
     async def _create(self, scope: dict[str, Any], receive: Any, send: Any) -> MessageState | None:
         """Django's answer, sent as it is unless it started an answer: then the stream's
