@@ -45,6 +45,8 @@ daphne.install_raw_bodies()
 daphne.install_plain_http()
 # Autobahn's debug-log fields (per frame, per connection) are made only for lines written.
 daphne.install_lazy_log_fields()
+# Frames for a WebSocket in its closing handshake are dropped, not errors.
+daphne.install_closing_sends()
 # After the SIGTERM drain, the server stops.
 get_runtime().lifecycle.on_stopped.append(daphne.stop_server)
 

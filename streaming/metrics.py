@@ -186,7 +186,7 @@ SERVER_HOOKS = Gauge(
     "chat_server_hooks_available",
     "1 while a hook into the server works in every live process, 0 once one process found "
     "it unavailable: 'send_buffer' (the per-connection memory bound), 'write_through', "
-    "'raw_bodies', 'plain_http' or 'lazy_log_fields'.",
+    "'raw_bodies', 'plain_http', 'lazy_log_fields' or 'closing_sends'.",
     ["hook"],
     multiprocess_mode="livemin",
 )

@@ -35,6 +35,13 @@ path costs besides:
   ``install_lazy_log_fields`` gives autobahn's WebSocket modules highlighters and a
   ``pformat`` that return a field which makes that text only when a line is formatted,
   so a line written with debug logging on reads exactly as before.
+- **Sends during a WebSocket's closing handshake.** Once a client's Close frame arrives,
+  autobahn refuses every further frame (it raises ``Disconnected``), but Daphne tells the
+  application only when the TCP connection is gone, a reactor pass or a flushed buffer
+  later. A stream writing in between failed with a traceback, and its error frame failed
+  again in a task nobody awaited. ``install_closing_sends`` has Daphne drop a frame for a
+  socket that is closing or closed, as it drops replies for connections it knows are
+  gone: the client asked for no more, and the disconnect follows.
 
 All are checked when the process starts (``check_server``: the versions are the tested
 ones, the attributes exist) and when used. When one cannot work, a warning is logged once
@@ -64,7 +71,8 @@ WRITE_THROUGH = "write_through"
 RAW_BODIES = "raw_bodies"
 PLAIN_HTTP = "plain_http"
 LAZY_LOG_FIELDS = "lazy_log_fields"
-HOOKS = (SEND_BUFFER, WRITE_THROUGH, RAW_BODIES, PLAIN_HTTP, LAZY_LOG_FIELDS)
+CLOSING_SENDS = "closing_sends"
+HOOKS = (SEND_BUFFER, WRITE_THROUGH, RAW_BODIES, PLAIN_HTTP, LAZY_LOG_FIELDS, CLOSING_SENDS)
 # What each hook's absence costs, for the warning.
 WITHOUT = {
     SEND_BUFFER: "the per-connection memory bound is off",
@@ -72,6 +80,7 @@ WITHOUT = {
     RAW_BODIES: "Twisted parses every POST for forms",
     PLAIN_HTTP: "every response write looks Twisted's HTTP module up through a proxy",
     LAZY_LOG_FIELDS: "every WebSocket frame and connection formats debug-log fields nobody reads",
+    CLOSING_SENDS: "a stream writing to a closing WebSocket fails with a traceback",
 }
 # Daphne's modules that name ``twisted.web.http`` as ``http``, and what they use of it.
 DAPHNE_HTTP_USERS = ("daphne.http_protocol", "daphne.server")
@@ -363,6 +372,32 @@ def install_lazy_log_fields() -> bool:
             setattr(module, name, _lazy(originals[name]))
     protocol.lazy_log_fields = True
     metrics.SERVER_HOOKS.labels(hook=LAZY_LOG_FIELDS).set(1)
+    return True
+
+
+def install_closing_sends() -> bool:
+    """Daphne drops frames for a WebSocket that is closing or closed; False (and
+    reported) when it cannot."""
+    found = _daphne_modules(CLOSING_SENDS, ["daphne.ws_protocol"])
+    if found is None:
+        return False
+    protocol: Any = found[0].WebSocketProtocol
+    if getattr(protocol, "closing_sends", False):
+        return True
+    if not all(hasattr(protocol, a) for a in ("STATE_CLOSING", "STATE_CLOSED", "serverSend")):
+        unavailable(CLOSING_SENDS, "Daphne's WebSocket protocol changed shape")
+        return False
+    server_send = protocol.serverSend
+    gone = (protocol.STATE_CLOSING, protocol.STATE_CLOSED)
+
+    def serverSend(self: Any, content: Any, binary: bool = False) -> None:
+        if self.state in gone:
+            return
+        server_send(self, content, binary)
+
+    protocol.serverSend = serverSend
+    protocol.closing_sends = True
+    metrics.SERVER_HOOKS.labels(hook=CLOSING_SENDS).set(1)
     return True
 
 

@@ -8,7 +8,15 @@ import httpx
 import pytest
 import websockets
 
-from tests.support.clients import auth, create_conversation, post_message, read_sse, seqs, text_of
+from tests.support.clients import (
+    auth,
+    create_conversation,
+    post_message,
+    read_sse,
+    seqs,
+    text_of,
+    wait_for_status,
+)
 from tests.support.wsclient import ChatSocket
 
 pytestmark = pytest.mark.asyncio
@@ -123,3 +131,27 @@ async def test_heartbeats_and_pings_during_a_slow_first_token(daphne, account):
     assert ": ping" in sse.comments
     assert sse.events[-1].data["type"] == "done"
     assert any(f["type"] == "heartbeat" for f in frames)
+
+
+async def test_a_client_closing_mid_stream_ends_its_socket_quietly(daphne, account):
+    """A client's Close frame while an answer streams to it (and its feed is followed):
+    the socket ends without an error on the server (frames written during the closing
+    handshake are dropped: tests/unit/test_daphne.py), and every answer it left is
+    abandoned as usual."""
+    server = daphne(STREAM_ABANDON_GRACE="0")
+    fast = {"simulation": {"length": 5000, "tokens_per_second": 1000, "ttft_ms": 0}}
+    left = []
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        for _ in range(8):
+            conversation = await create_conversation(client, account.token)
+            ws = await ChatSocket.connect(server.ws_url, account.token)
+            await ws.send({"type": "subscribe", "topic": "user"})
+            left.append((await ws.create(conversation, "go", fast))[-1]["message_id"])
+            await ws.recv_until("delta")
+            await ws.conn.close()
+        for message_id in left:
+            ended = await wait_for_status(client, account.token, message_id)
+            assert ended["status"] == "abandoned"
+    log = server.log_text()
+    for trouble in ("Traceback", "WebSocket stream failed", "never retrieved"):
+        assert trouble not in log

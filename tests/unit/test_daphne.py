@@ -277,3 +277,28 @@ def test_autobahns_debug_log_fields_are_made_only_when_a_line_is_written(monkeyp
     timings.track("sendMessage")
     assert str(timings) == real_pformat(timings._timings), "Timings' text is still text"
     assert hook_gauge(daphne.LAZY_LOG_FIELDS) == 1
+
+
+def test_a_frame_for_a_closing_websocket_is_dropped_not_an_error() -> None:
+    from autobahn.exception import Disconnected
+    from daphne.ws_protocol import WebSocketProtocol
+
+    original = WebSocketProtocol.serverSend
+    socket_ = WebSocketProtocol()
+    socket_.client_addr = ["127.0.0.1", 5555]
+    socket_.state = WebSocketProtocol.STATE_CLOSING
+    if not getattr(WebSocketProtocol, "closing_sends", False):
+        with pytest.raises(Disconnected):  # what autobahn does without the hook
+            original(socket_, "late frame")
+    assert daphne.install_closing_sends()
+    assert daphne.install_closing_sends()  # again: nothing changes
+    for state in (WebSocketProtocol.STATE_CLOSING, WebSocketProtocol.STATE_CLOSED):
+        socket_.state = state
+        socket_.serverSend("late frame")  # dropped: the client asked for no more
+        socket_.serverSend(b"late frame", True)
+    sent: list[tuple[bytes, bool]] = []
+    socket_.sendMessage = lambda payload, binary=False: sent.append((payload, binary))
+    socket_.state = WebSocketProtocol.STATE_OPEN
+    socket_.serverSend("frame")
+    assert sent == [(b"frame", False)], "an open socket's frames go to autobahn as before"
+    assert hook_gauge(daphne.CLOSING_SENDS) == 1
