@@ -10,7 +10,8 @@ as the REST API would:
   string (``?wait=`` is Django's), asking for ``text/event-stream`` (``onestep``);
 - an ``Authorization: Token`` or ``Bearer`` key of an active user, or the session of an
   active user with a request that passes Django's CSRF check (as DRF's session
-  authentication runs it);
+  authentication runs it), unless sessions are saved on every request or secret keys
+  are rotating (``SECRET_KEY_FALLBACKS``: resolving the user may move the session);
 - a ``application/json`` body with a ``Content-Length`` within ``MAX_REQUEST_BYTES``, a
   JSON object that ``PostMessageSerializer`` would accept as it is;
 - a host Django accepts (``ALLOWED_HOSTS``), and nothing Django's security or common
@@ -183,7 +184,9 @@ def _declared_json(scope: dict[str, Any]) -> int | None:
     """The declared length of a JSON body within the limit, else None."""
     media_type = (header(scope, b"content-type") or "").partition(";")[0].strip()
     length = header(scope, b"content-length")
-    if media_type != "application/json" or length is None or not length.isdigit():
+    if media_type != "application/json" or length is None:
+        return None
+    if not (length.isascii() and length.isdigit()):  # not "²", which int() refuses
         return None
     limit = body_limit()
     return int(length) if not limit or int(length) <= limit else None
@@ -288,7 +291,10 @@ def _caller(scope: dict[str, Any]) -> tuple[bool, str | None]:
         return bool(key), key
     cookies = header(scope, b"cookie") or ""
     has_session = f"{settings.SESSION_COOKIE_NAME}=" in cookies
-    return has_session and not settings.SESSION_SAVE_EVERY_REQUEST, None
+    # While secret keys rotate, resolving a session's user may move it to a new key; if
+    # Django then had to answer, it would find the old one gone.
+    rotating = bool(settings.SECRET_KEY_FALLBACKS)
+    return has_session and not settings.SESSION_SAVE_EVERY_REQUEST and not rotating, None
 
 
 async def create(scope: dict[str, Any], receive: Receive) -> Created | Receive:

@@ -116,3 +116,44 @@ def test_a_request_django_would_redirect_is_djangos() -> None:
             assert leanpost._request({**_scope(b"127.0.0.1"), "scheme": "https"}) is not None
     finally:
         leanpost._middleware.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("headers", "length"),
+    [
+        ([(b"content-type", b"application/json"), (b"content-length", b"12")], 12),
+        ([(b"content-type", b"application/json; charset=utf-8"), (b"content-length", b"3")], 3),
+        ([(b"content-type", b"application/json")], None),  # chunked: Django reads it
+        ([(b"content-type", b"text/plain"), (b"content-length", b"3")], None),
+        ([(b"content-type", b"application/json"), (b"content-length", b"-3")], None),
+        (
+            [(b"content-type", b"application/json"), (b"content-length", "²".encode("latin-1"))],
+            None,
+        ),
+        ([(b"content-type", b"application/json"), (b"content-length", b"99999999")], None),
+    ],
+)
+def test_only_a_declared_json_body_within_the_limit_is_read_here(
+    headers: list[tuple[bytes, bytes]], length: int | None
+) -> None:
+    with override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=1000):
+        assert leanpost._declared_json({"headers": headers}) == length
+
+
+@pytest.mark.parametrize(
+    ("headers", "fallbacks", "caller"),
+    [
+        ([(b"authorization", b"Token abc")], [], (True, "abc")),
+        ([(b"authorization", b"Bearer abc")], [], (True, "abc")),
+        ([(b"authorization", b"Token")], [], (False, "")),
+        ([(b"cookie", b"sessionid=s1; csrftoken=t")], [], (True, None)),
+        ([(b"cookie", b"sessionid=s1")], ["an-old-key"], (False, None)),
+        ([(b"cookie", b"csrftoken=t")], [], (False, None)),
+        ([], [], (False, None)),
+    ],
+)
+def test_who_the_lean_path_serves(
+    headers: list[tuple[bytes, bytes]], fallbacks: list[str], caller: tuple[bool, Any]
+) -> None:
+    with override_settings(SECRET_KEY_FALLBACKS=fallbacks):
+        assert leanpost._caller({"headers": headers}) == caller
