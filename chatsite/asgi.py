@@ -1,5 +1,7 @@
 """ASGI entry point: HTTP to Django (bounded in concurrency) plus the streaming consumers,
-WebSocket behind auth rules.
+WebSocket behind auth rules. A POST answered with its stream goes through
+``OneStepAnswers``; on the message routes it tries the lean path first
+(``streaming.transports.leanpost``), which hands Django whatever it cannot answer.
 
 The streaming consumers sit behind Channels' session middleware (they resolve the user
 themselves, with tokens first); WebSocket also behind ``WebSocketAuthMiddleware`` (Origin
