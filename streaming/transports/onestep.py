@@ -107,7 +107,9 @@ class OneStepAnswers:
         if state is not None:
             await self._stream(state, receive, send)
 
-    async def _create_lean(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+    async def _create_lean(
+        self, scope: dict[str, Any], receive: Any, send: Any
+    ) -> MessageState | leanpost.Receive:
         """The lean path's answer: the stream's head and ``created`` event sent and the
         answer's state returned, or the ``receive`` Django must be called with. As with
         Django's, nothing of the 201 outlives this call."""
