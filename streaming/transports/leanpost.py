@@ -214,6 +214,8 @@ def _post(body: bytes) -> dict[str, Any] | None:
         return None
     if not (params is None or isinstance(params, dict)) or not _is_text(model, 200, blank=True):
         return None
+    if model != model.strip():  # the serializer trims a model's name, not the content
+        return None
     return {"content": content, "params": params, "model": model}
 
 

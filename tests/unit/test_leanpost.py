@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from django.test import override_settings
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streaming.api.serializers import PostMessageSerializer
@@ -28,6 +28,8 @@ BODIES = st.dictionaries(st.sampled_from(["content", "params", "model", "other"]
 
 
 @given(BODIES)
+@example({"content": "0", "model": " "})  # the serializer trims a model's name
+@example({"content": " padded ", "model": "sim"})  # and keeps the content as it is
 @settings(max_examples=300, deadline=None)
 def test_what_it_takes_the_serializer_takes_unchanged(body: dict[str, Any]) -> None:
     taken = leanpost._post(json.dumps(body).encode())
