@@ -193,9 +193,9 @@ SERVER_HOOKS = Gauge(
 ONE_STEP_POSTS = Counter(
     "chat_one_step_posts_total",
     "POSTs answered with their stream (Accept: text/event-stream), by the path that created "
-    "the answer: 'lean' (a token caller's message post, without Django's request cycle; "
-    "not in django-prometheus's request metrics) or 'django' (everything else, refusals "
-    "included).",
+    "the answer: 'lean' (a message post of a token caller or a signed-in page, without "
+    "Django's request cycle; not in django-prometheus's request metrics) or 'django' "
+    "(everything else, refusals included).",
     ["path"],
 )
 

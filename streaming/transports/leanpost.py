@@ -47,7 +47,7 @@ from django.conf import settings
 from django.contrib.auth import get_user
 from django.contrib.sessions.middleware import SessionMiddleware
 from django.core.handlers.asgi import ASGIRequest
-from django.db import Error as DatabaseError
+from django.db import Error as DBError
 from django.http import HttpRequest, HttpResponse
 from django.middleware.clickjacking import XFrameOptionsMiddleware
 from django.middleware.common import CommonMiddleware
@@ -268,7 +268,9 @@ def _create(
         exchange = services.create_exchange(
             user, conversation_id, post["content"], post["params"], model=post["model"]
         )
-    except (ServiceError, DatabaseError):
+    except (ServiceError, DBError):
+        # Any refusal or database error (Django's InterfaceError is not a DatabaseError):
+        # the transaction rolled back, nothing was made.
         return None
     question, answer = exchange.user_message, exchange.assistant_message
     assert question is not None
