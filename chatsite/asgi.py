@@ -49,6 +49,8 @@ daphne.install_plain_http()
 daphne.install_lazy_log_fields()
 # Frames for a WebSocket in its closing handshake are dropped, not errors.
 daphne.install_closing_sends()
+# A connection's ASGI messages wait in two lists, not an asyncio.Queue's four deques.
+daphne.install_application_queues()
 # After the SIGTERM drain, the server stops.
 get_runtime().lifecycle.on_stopped.append(daphne.stop_server)
 

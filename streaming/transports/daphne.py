@@ -42,6 +42,12 @@ path costs besides:
   again in a task nobody awaited. ``install_closing_sends`` has Daphne drop a frame for a
   socket that is closing or closed, as it drops replies for connections it knows are
   gone: the client asked for no more, and the disconnect follows.
+- **A connection's message queue.** Daphne hands each connection's ASGI messages to the
+  application through an ``asyncio.Queue``: four deques and an ``Event``, 3.2 KB held for
+  as long as the connection is open, to carry a request's body and its disconnect (or a
+  WebSocket's frames) to one reader. ``install_application_queues`` gives Daphne's server
+  module an ``asyncio`` whose ``Queue`` is ``ApplicationQueue``: the same order and
+  cancellation behaviour for what Daphne uses (``put_nowait`` and ``get``), in two lists.
 
 All are checked when the process starts (``check_server``: the versions are the tested
 ones, the attributes exist) and when used. When one cannot work, a warning is logged once
@@ -53,10 +59,13 @@ report themselves unavailable and do nothing.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import importlib
 import inspect
 import logging
+import re
 from collections.abc import Callable, Iterable, Sequence
 from importlib import metadata
 from types import ModuleType
@@ -72,7 +81,16 @@ RAW_BODIES = "raw_bodies"
 PLAIN_HTTP = "plain_http"
 LAZY_LOG_FIELDS = "lazy_log_fields"
 CLOSING_SENDS = "closing_sends"
-HOOKS = (SEND_BUFFER, WRITE_THROUGH, RAW_BODIES, PLAIN_HTTP, LAZY_LOG_FIELDS, CLOSING_SENDS)
+APPLICATION_QUEUES = "application_queues"
+HOOKS = (
+    SEND_BUFFER,
+    WRITE_THROUGH,
+    RAW_BODIES,
+    PLAIN_HTTP,
+    LAZY_LOG_FIELDS,
+    CLOSING_SENDS,
+    APPLICATION_QUEUES,
+)
 # What each hook's absence costs, for the warning.
 WITHOUT = {
     SEND_BUFFER: "the per-connection memory bound is off",
@@ -81,10 +99,13 @@ WITHOUT = {
     PLAIN_HTTP: "every response write looks Twisted's HTTP module up through a proxy",
     LAZY_LOG_FIELDS: "every WebSocket frame and connection formats debug-log fields nobody reads",
     CLOSING_SENDS: "a stream writing to a closing WebSocket fails with a traceback",
+    APPLICATION_QUEUES: "every open connection holds an asyncio.Queue (3.2 KB)",
 }
 # Daphne's modules that name ``twisted.web.http`` as ``http``, and what they use of it.
 DAPHNE_HTTP_USERS = ("daphne.http_protocol", "daphne.server")
 DAPHNE_HTTP_NAMES = ("Request", "HTTPFactory", "HTTPChannel", "H2_ENABLED")
+# Daphne's protocol modules, which put a connection's messages on its application queue.
+DAPHNE_QUEUE_USERS = ("daphne.http_protocol", "daphne.ws_protocol")
 # Autobahn's WebSocket modules, and the functions they make debug-log fields with.
 AUTOBAHN_LOG_FIELDS = {
     "autobahn.websocket.protocol": ("hltype", "hlval", "pformat"),
@@ -398,6 +419,87 @@ def install_closing_sends() -> bool:
     protocol.serverSend = serverSend
     protocol.closing_sends = True
     metrics.SERVER_HOOKS.labels(hook=CLOSING_SENDS).set(1)
+    return True
+
+
+class ApplicationQueue:
+    """One connection's ASGI messages, from Daphne (``put_nowait``) to the application
+    (``await get()``), in arrival order.
+
+    What ``asyncio.Queue`` guarantees for those two calls holds here: each message goes to
+    exactly one ``get``; a waiting ``get`` that is cancelled, even after it was woken,
+    takes nothing and passes the wake-up on, so no message is lost or reordered. Nothing
+    else of ``asyncio.Queue`` is offered: Daphne uses nothing else (``install_application_queues``
+    checks that its server module names only ``Queue`` of it)."""
+
+    __slots__ = ("_getters", "_items")
+
+    def __init__(self) -> None:
+        self._items: list[Any] = []
+        self._getters: list[asyncio.Future[None]] = []
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        self._wake_next()
+
+    def _wake_next(self) -> None:
+        getters = self._getters
+        while getters:
+            getter = getters.pop(0)
+            if not getter.done():
+                getter.set_result(None)
+                return
+
+    async def get(self) -> Any:
+        items = self._items
+        while not items:
+            getter = asyncio.get_running_loop().create_future()
+            self._getters.append(getter)
+            try:
+                await getter
+            except BaseException:
+                getter.cancel()  # in case it was not woken
+                with contextlib.suppress(ValueError):
+                    self._getters.remove(getter)
+                if items and not getter.cancelled():
+                    self._wake_next()  # woken, then cancelled: the message is another's
+                raise
+        return items.pop(0)
+
+
+class _AsyncioForDaphne(ModuleType):
+    """``asyncio`` as Daphne's server module sees it: ``Queue`` is ``ApplicationQueue``."""
+
+    Queue = ApplicationQueue
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+
+def install_application_queues() -> bool:
+    """Daphne's connections queue their messages in ``ApplicationQueue``; False (and
+    reported) when they cannot."""
+    found = _daphne_modules(APPLICATION_QUEUES, ["daphne.server", *DAPHNE_QUEUE_USERS])
+    if found is None:
+        return False
+    server: Any = found[0]
+    current = getattr(server, "asyncio", None)
+    if isinstance(current, _AsyncioForDaphne):
+        return True
+    if current is not asyncio:
+        unavailable(APPLICATION_QUEUES, "daphne.server does not name asyncio as asyncio")
+        return False
+    source = inspect.getsource(server)
+    if source.count("asyncio.Queue(") != 1 or ".Queue" in source.replace("asyncio.Queue(", ""):
+        unavailable(APPLICATION_QUEUES, "daphne.server uses asyncio's queues otherwise")
+        return False
+    for user in found[1:]:
+        used = set(re.findall(r"application_queue\.(\w+)", inspect.getsource(user)))
+        if not used <= {"put_nowait"}:
+            unavailable(APPLICATION_QUEUES, f"{user.__name__} uses {sorted(used)} of its queue")
+            return False
+    server.asyncio = _AsyncioForDaphne("asyncio")
+    metrics.SERVER_HOOKS.labels(hook=APPLICATION_QUEUES).set(1)
     return True
 
 

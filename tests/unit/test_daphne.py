@@ -8,6 +8,7 @@ did not take.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import logging
@@ -302,3 +303,70 @@ def test_a_frame_for_a_closing_websocket_is_dropped_not_an_error() -> None:
     socket_.serverSend("frame")
     assert sent == [(b"frame", False)], "an open socket's frames go to autobahn as before"
     assert hook_gauge(daphne.CLOSING_SENDS) == 1
+
+
+def test_daphne_queues_a_connections_messages_in_an_application_queue() -> None:
+    from daphne import server
+
+    assert daphne.install_application_queues()
+    assert daphne.install_application_queues()  # again: nothing changes
+    seen = server.asyncio
+    assert seen.Queue is daphne.ApplicationQueue
+    assert seen.ensure_future is asyncio.ensure_future, "everything else is asyncio's own"
+    assert hook_gauge(daphne.APPLICATION_QUEUES) == 1
+
+
+async def test_an_application_queue_hands_each_message_to_one_get_in_order() -> None:
+    queue = daphne.ApplicationQueue()
+    queue.put_nowait("body")
+    queue.put_nowait("disconnect")
+    assert await queue.get() == "body"
+    assert await queue.get() == "disconnect"
+    first = asyncio.ensure_future(queue.get())
+    second = asyncio.ensure_future(queue.get())
+    await asyncio.sleep(0)  # both wait
+    assert not first.done() and not second.done()
+    queue.put_nowait(1)
+    queue.put_nowait(2)
+    assert await first == 1
+    assert await second == 2
+
+
+async def test_a_get_cancelled_after_its_wake_up_leaves_the_message_to_the_next() -> None:
+    queue = daphne.ApplicationQueue()
+    woken = asyncio.ensure_future(queue.get())
+    other = asyncio.ensure_future(queue.get())
+    await asyncio.sleep(0)
+    queue.put_nowait("message")  # wakes `woken`, which has not run yet
+    woken.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await woken
+    assert await asyncio.wait_for(other, 5) == "message", "the wake-up was passed on"
+    cancelled = asyncio.ensure_future(queue.get())
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    queue.put_nowait("later")
+    assert await queue.get() == "later", "a cancelled wait takes nothing"
+
+
+def test_a_daphne_that_uses_more_of_its_queue_keeps_asyncios(monkeypatch, caplog) -> None:
+    from daphne import server, ws_protocol
+
+    monkeypatch.setattr(server, "asyncio", asyncio)
+    source = "self.application_queue.put_nowait(x)\nself.application_queue.qsize()\n"
+    real_source = daphne.inspect.getsource
+    monkeypatch.setattr(
+        daphne.inspect,
+        "getsource",
+        lambda m: source if m is ws_protocol else real_source(m),
+    )
+    daphne._warned.discard(daphne.APPLICATION_QUEUES)
+    with caplog.at_level(logging.WARNING, logger="streaming.transports.daphne"):
+        assert not daphne.install_application_queues()
+    assert server.asyncio is asyncio
+    assert "qsize" in caplog.text
+    assert hook_gauge(daphne.APPLICATION_QUEUES) == 0
+    daphne._warned.discard(daphne.APPLICATION_QUEUES)
+    daphne.metrics.SERVER_HOOKS.labels(hook=daphne.APPLICATION_QUEUES).set(1)
