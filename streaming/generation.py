@@ -125,7 +125,10 @@ class Generation:
         self.in_reasoning = bool(plan.base_reasoning) and not plan.base_text
         self.cancel_reason: str | None = None
         self.readers_seen = False
-        self.finished = asyncio.Event()
+        # Made when first asked for (``finished``): most generations end unwaited for, and
+        # an Event holds a deque (0.8 KB) for as long as the answer streams.
+        self._finished: asyncio.Event | None = None
+        self._over = False
         self.termination: Termination | None = None
         self.task: asyncio.Task[None] | None = None
         self._finalizing = False
@@ -137,6 +140,15 @@ class Generation:
         self._abandon_check: asyncio.Task[None] | None = None
         self._persisted_seq = plan.first_seq - 1
         self.started_at = time.monotonic()
+
+    @property
+    def finished(self) -> asyncio.Event:
+        """Set once the generation is over (after ``on_end``)."""
+        if self._finished is None:
+            self._finished = asyncio.Event()
+            if self._over:
+                self._finished.set()
+        return self._finished
 
     # --- control -----------------------------------------------------------------------
     def start(self) -> None:
@@ -514,7 +526,9 @@ class Generation:
             backends.hub.close_local(plan.message_id)
             if self.on_end is not None:
                 self.on_end(self)
-            self.finished.set()
+            self._over = True
+            if self._finished is not None:
+                self._finished.set()
 
     async def _persist_final(
         self, content: str, reasoning: str, done_seq: int, termination: Termination
