@@ -4,6 +4,7 @@ message (the control cases below show that the record sees those calls)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from asgiref.sync import SyncToAsync
 from channels.generic.http import AsyncHttpConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import channel_layers
 from channels.testing import HttpCommunicator, WebsocketCommunicator
 
 from streaming.api.openai import OpenAIConsumer
@@ -102,3 +104,46 @@ def test_the_streaming_consumers_are_built_on_these_bases() -> None:
     assert issubclass(ChatConsumer, LoopWebsocketConsumer)
     assert issubclass(MessageStreamConsumer, LoopHttpConsumer)
     assert issubclass(OpenAIConsumer, LoopHttpConsumer)
+
+
+def receiving_in(app: Any) -> tuple[Any, list[bool]]:
+    """``app`` with a ``receive`` that records, per call, whether it was awaited in the
+    application's own task."""
+    calls: list[bool] = []
+
+    async def recorded(scope: Any, receive: Any, send: Any) -> None:
+        application_task = asyncio.current_task()
+
+        async def receive_recorded() -> Any:
+            calls.append(asyncio.current_task() is application_task)
+            return await receive()
+
+        await app(scope, receive_recorded, send)
+
+    return recorded, calls
+
+
+async def test_messages_are_awaited_in_the_consumers_own_task_in_order() -> None:
+    Echo.ended = []
+    app, calls = receiving_in(Echo.as_asgi())
+    socket = WebsocketCommunicator(app, "/ws/")
+    connected, _ = await socket.connect()
+    assert connected
+    for frame in ("0", "1", "2"):
+        await socket.send_to(text_data=frame)
+        assert await socket.receive_from() == frame
+    await socket.disconnect(code=4000)
+    assert Echo.ended == [4000]
+    assert calls and all(calls), "no task per message beside the consumer's"
+
+
+async def test_with_a_channel_layer_channels_own_dispatch_runs(settings: Any) -> None:
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    channel_layers.backends.clear()
+    try:
+        app, calls = receiving_in(Echo.as_asgi())
+        assert await _echo(app) == "ping"
+        assert calls and not any(calls), "each message awaited in a task of its own"
+    finally:
+        settings.CHANNEL_LAYERS = {}
+        channel_layers.backends.clear()
