@@ -64,7 +64,7 @@ class ChatConsumer(LoopWebsocketConsumer):
     async def connect(self) -> None:
         # Accept first; the user is resolved meanwhile and awaited by the first frame.
         self.user: Any = None
-        self.resolving = asyncio.create_task(authenticate(self.scope))
+        self.resolving: asyncio.Task[Any] | None = asyncio.create_task(authenticate(self.scope))
         self.subscriptions: dict[str, asyncio.Task[None]] = {}
         self.feed: tuple[Listener, asyncio.Task[None]] | None = None
         self.last_sent = time.monotonic()
@@ -72,7 +72,11 @@ class ChatConsumer(LoopWebsocketConsumer):
         # Stream frames go straight to the server's send (see ``frame_send``).
         self.frame_send = frame_send(self.base_send)
         await self.accept()
-        self.heartbeat = asyncio.create_task(self._heartbeat())
+        # The heartbeat is a timer while the socket is busy or quiet, and a task only
+        # while its frame is being sent: a task per socket would be held all along.
+        self.heartbeat: asyncio.Task[None] | None = None
+        self.heartbeat_timer: asyncio.TimerHandle | None = None
+        self._arm_heartbeat(streaming_settings.PING_INTERVAL)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """However the socket ends (a close, a handshake refused, an error the server
@@ -91,6 +95,9 @@ class ChatConsumer(LoopWebsocketConsumer):
             self.feed = None
             selectors.forget_feed(self.user, feed[0])
             tasks.append(feed[1])
+        if (timer := getattr(self, "heartbeat_timer", None)) is not None:
+            self.heartbeat_timer = None
+            timer.cancel()
         for name in ("resolving", "heartbeat"):
             if (task := getattr(self, name, None)) is not None:
                 tasks.append(task)
@@ -105,8 +112,9 @@ class ChatConsumer(LoopWebsocketConsumer):
     # --- receive: parse, dispatch, answer; never stream here -----------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         ref = None
-        if self.user is None:
-            self.user = await self.resolving
+        if (resolving := self.resolving) is not None:
+            self.user = await resolving
+            self.resolving = None  # a finished task keeps its coroutine and result
         try:
             frame = self._parse(text_data, bytes_data)
             ref = _ref_of(frame)
@@ -348,12 +356,26 @@ class ChatConsumer(LoopWebsocketConsumer):
                     "fetch the conversations again",
                 )
 
-    async def _heartbeat(self) -> None:
+    def _arm_heartbeat(self, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        self.heartbeat_timer = loop.call_later(delay, self._heartbeat_due)
+
+    def _heartbeat_due(self) -> None:
+        """A ``heartbeat`` frame once nothing was sent for ``PING_INTERVAL``; otherwise
+        the timer is armed again for the rest of the interval. After a send that failed
+        (the socket is gone) no timer is armed: the socket's end awaits the task."""
+        self.heartbeat_timer = None
         interval = streaming_settings.PING_INTERVAL
-        while True:
-            await asyncio.sleep(max(interval - (time.monotonic() - self.last_sent), 0.05))
-            if time.monotonic() - self.last_sent >= interval:
-                await self._send_json({"type": "heartbeat"})
+        quiet = time.monotonic() - self.last_sent
+        if quiet < interval:
+            self._arm_heartbeat(max(interval - quiet, 0.05))
+            return
+        self.heartbeat = asyncio.create_task(self._beat(interval))
+
+    async def _beat(self, interval: float) -> None:
+        await self._send_json({"type": "heartbeat"})
+        self.heartbeat = None
+        self._arm_heartbeat(interval)
 
     async def _send_error(self, ref: Any, **fields: Any) -> None:
         """An ``error`` frame; it carries the client's ``ref`` when its frame had one."""
