@@ -144,18 +144,36 @@ class OneStepAnswers:
         )
 
     async def _stream(self, state: MessageState, receive: Any, send: Any) -> None:
+        """The answer's events, written by this task until the answer ends or the client
+        leaves. The client's ``http.disconnect`` is awaited in a second task, which
+        cancels this one when it comes first, as the SSE consumer's disconnect handler
+        cancels its stream: a third task and an ``asyncio.wait`` would be held for as
+        long as the stream lasts. A cancellation from elsewhere (the server's) goes on."""
         subscription = selectors.subscription(state, 0, "sse", SendBuffer(send))
-        streaming = asyncio.create_task(send_events(subscription, frame_send(send)))
+        this = asyncio.current_task()
+        assert this is not None
+        writing, left = True, False
+
+        def on_disconnect(watcher: asyncio.Task[None]) -> None:
+            nonlocal left
+            if writing and not watcher.cancelled():
+                left = True
+                this.cancel()
+
         gone = asyncio.create_task(_disconnected(receive))
+        gone.add_done_callback(on_disconnect)
         try:
-            await asyncio.wait({streaming, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await send_events(subscription, frame_send(send))
+        except asyncio.CancelledError:
+            if not left:
+                raise
         finally:
-            for task in (streaming, gone):
-                task.cancel()
-            for task in (streaming, gone):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        if not gone.cancelled() and gone.done():
+            writing = False
+            gone.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await gone
+        if left:
+            this.uncancel()  # the cancellation was this stream's own
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
