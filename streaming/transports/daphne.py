@@ -429,8 +429,8 @@ class ApplicationQueue:
     What ``asyncio.Queue`` guarantees for those two calls holds here: each message goes to
     exactly one ``get``; a waiting ``get`` that is cancelled, even after it was woken,
     takes nothing and passes the wake-up on, so no message is lost or reordered. Nothing
-    else of ``asyncio.Queue`` is offered: Daphne uses nothing else (``install_application_queues``
-    checks that its server module names only ``Queue`` of it)."""
+    else of ``asyncio.Queue`` is offered: Daphne uses nothing else, which
+    ``install_application_queues`` checks in its modules' source."""
 
     __slots__ = ("_getters", "_items")
 

@@ -11,9 +11,10 @@ the streaming consumers dispatch without that call; what a handler does is uncha
 Without a channel layer (none is configured) a consumer has one source of messages, its
 connection, yet Channels' ``__call__`` still awaits each message in a task of its own
 beside the consumer's (``await_many_dispatch``): a task, a coroutine and an
-``asyncio.wait`` held for as long as the connection is open (1.4 KB), and a task made per
-message received. ``_serve`` awaits and dispatches in the consumer's own task, one message
-at a time as before; with a channel layer configured, Channels' own ``__call__`` runs.
+``asyncio.wait`` held for as long as the connection is open (about 4 KB a WebSocket),
+and a task made per message received. ``_serve`` awaits and dispatches in the
+consumer's own task, one message at a time as before; with a channel layer configured,
+Channels' own ``__call__`` runs.
 """
 
 from __future__ import annotations
