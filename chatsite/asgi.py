@@ -36,7 +36,10 @@ from chatsite.routing import (  # noqa: E402
 from streaming.runtime import get_runtime  # noqa: E402
 from streaming.transports import daphne  # noqa: E402
 from streaming.transports.onestep import OneStepAnswers  # noqa: E402
-from streaming.transports.wsauth import WebSocketAuthMiddleware  # noqa: E402
+from streaming.transports.wsauth import (  # noqa: E402
+    SessionUnlessToken,
+    WebSocketAuthMiddleware,
+)
 
 # Frames go out when written, not on the reactor's next writability pass; checks the server
 # hooks and says (log line, metric) when one cannot work.
@@ -93,6 +96,7 @@ class Bounded:
 
 
 django_app = Bounded(django_asgi_app, settings.REQUEST_CONCURRENCY)
+sockets = WebSocketAuthMiddleware(URLRouter(websocket_urlpatterns))
 
 application = StartRuntime(
     ProtocolTypeRouter(
@@ -104,9 +108,7 @@ application = StartRuntime(
                     re_path(r"", OneStepAnswers(django_app)),
                 ]
             ),
-            "websocket": SessionMiddlewareStack(
-                WebSocketAuthMiddleware(URLRouter(websocket_urlpatterns))
-            ),
+            "websocket": SessionUnlessToken(sockets, SessionMiddlewareStack(sockets)),
         }
     )
 )

@@ -47,6 +47,25 @@ def origin_allowed(origin: str, scope: dict[str, Any]) -> bool:
     return origin == f"{scheme}://{host.lower()}"
 
 
+class SessionUnlessToken:
+    """A handshake with a token goes to ``with_token``, any other to ``with_session``
+    (Channels' session middleware in front of the same application).
+
+    The token decides for such a socket and its session is never read, yet the session
+    middleware would make the session's store on the process's thread-sensitive thread
+    for every handshake and hold it, its wrapper and two more copies of the scope for as
+    long as the socket is open."""
+
+    def __init__(self, with_token: Any, with_session: Any) -> None:
+        self.with_token = with_token
+        self.with_session = with_session
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        if token_from_header(header(scope, b"authorization")) is not None:
+            return await self.with_token(scope, receive, send)
+        return await self.with_session(scope, receive, send)
+
+
 class WebSocketAuthMiddleware:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
