@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 
 NO_ID = "-"
@@ -24,17 +22,30 @@ message_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("message_id
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default=NO_ID)
 
 
-@contextmanager
-def stream_context(message_id: str, request_id: str | None = None) -> Iterator[None]:
+class _StreamContext:
+    """Entered for as long as a stream or a generation runs: a class, because a
+    generator-based context manager would hold a generator and its frame all that time."""
+
+    __slots__ = ("_message_token", "_request_token", "message_id", "request_id")
+
+    def __init__(self, message_id: str, request_id: str | None) -> None:
+        self.message_id = message_id
+        self.request_id = request_id
+
+    def __enter__(self) -> None:
+        self._message_token = message_id_var.set(self.message_id)
+        request_id = self.request_id
+        self._request_token = request_id_var.set(request_id) if request_id is not None else None
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._request_token is not None:
+            request_id_var.reset(self._request_token)
+        message_id_var.reset(self._message_token)
+
+
+def stream_context(message_id: str, request_id: str | None = None) -> _StreamContext:
     """Tag the log lines of the code inside (and of tasks it starts) with these ids."""
-    message_token = message_id_var.set(message_id)
-    request_token = request_id_var.set(request_id) if request_id is not None else None
-    try:
-        yield
-    finally:
-        if request_token is not None:
-            request_id_var.reset(request_token)
-        message_id_var.reset(message_token)
+    return _StreamContext(message_id, request_id)
 
 
 class StreamContextFilter(logging.Filter):
