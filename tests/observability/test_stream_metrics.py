@@ -55,8 +55,11 @@ async def test_complete_stream(daphne, account):
     start, done = events[0], events[-1]
     assert done["status"] == "complete"
     delta_events = done["seq"] - start["seq"] - 1  # everything in between is a delta
-    frames_with_text = len(deltas(events))  # the client sees merged deltas
-    assert frames_with_text >= 2
+    # The client sees merged deltas: how many frames depends on when it subscribed
+    # relative to the engine (a loaded machine can merge all 12 into one), so the frame
+    # metrics below are checked against the count that happened.
+    frames_with_text = len(deltas(events))
+    assert frames_with_text >= 1
 
     assert diff(after, before, "chat_stream_ends_total", transport="sse", status="complete") == 1
     assert diff(after, before, "chat_stream_ttft_seconds_count", transport="sse") == 1
