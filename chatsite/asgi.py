@@ -4,8 +4,8 @@ WebSocket behind auth rules. A POST answered with its stream goes through
 (``streaming.transports.leanpost``), which hands Django whatever it cannot answer.
 
 The streaming consumers sit behind Channels' session middleware (they resolve the user
-themselves, with tokens first); WebSocket also behind ``WebSocketAuthMiddleware`` (Origin
-and token rules).
+themselves, with tokens first); the WebSocket behind ``WebSocketAuthMiddleware`` (Origin
+and token rules), which runs the session middleware only where the cookie may count.
 """
 
 import asyncio
@@ -23,7 +23,6 @@ from chatsite.handler import get_application
 django_asgi_app = get_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.sessions import SessionMiddlewareStack  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
@@ -36,10 +35,7 @@ from chatsite.routing import (  # noqa: E402
 from streaming.runtime import get_runtime  # noqa: E402
 from streaming.transports import daphne  # noqa: E402
 from streaming.transports.onestep import OneStepAnswers  # noqa: E402
-from streaming.transports.wsauth import (  # noqa: E402
-    SessionUnlessToken,
-    WebSocketAuthMiddleware,
-)
+from streaming.transports.wsauth import WebSocketAuthMiddleware  # noqa: E402
 
 # Frames go out when written, not on the reactor's next writability pass; checks the server
 # hooks and says (log line, metric) when one cannot work.
@@ -96,7 +92,6 @@ class Bounded:
 
 
 django_app = Bounded(django_asgi_app, settings.REQUEST_CONCURRENCY)
-sockets = WebSocketAuthMiddleware(URLRouter(websocket_urlpatterns))
 
 application = StartRuntime(
     ProtocolTypeRouter(
@@ -108,7 +103,7 @@ application = StartRuntime(
                     re_path(r"", OneStepAnswers(django_app)),
                 ]
             ),
-            "websocket": SessionUnlessToken(sockets, SessionMiddlewareStack(sockets)),
+            "websocket": WebSocketAuthMiddleware(URLRouter(websocket_urlpatterns)),
         }
     )
 )

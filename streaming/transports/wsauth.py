@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+from channels.sessions import SessionMiddlewareStack
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from django.utils.http import is_same_domain
@@ -47,28 +48,16 @@ def origin_allowed(origin: str, scope: dict[str, Any]) -> bool:
     return origin == f"{scheme}://{host.lower()}"
 
 
-class SessionUnlessToken:
-    """A handshake with a token goes to ``with_token``, any other to ``with_session``
-    (Channels' session middleware in front of the same application).
-
-    The token decides for such a socket and its session is never read, yet the session
-    middleware would make the session's store on the process's thread-sensitive thread
-    for every handshake and hold it, its wrapper and two more copies of the scope for as
-    long as the socket is open."""
-
-    def __init__(self, with_token: Any, with_session: Any) -> None:
-        self.with_token = with_token
-        self.with_session = with_session
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
-        if token_from_header(header(scope, b"authorization")) is not None:
-            return await self.with_token(scope, receive, send)
-        return await self.with_session(scope, receive, send)
-
-
 class WebSocketAuthMiddleware:
+    """Channels' session middleware runs only for a handshake whose cookie may count (a
+    browser's, from the site itself): for a token, a non-browser or a refused Origin the
+    session is never read, yet the middleware would make its store on the process's
+    thread-sensitive thread and hold it, its wrapper and two more copies of the scope for
+    as long as the socket is open."""
+
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+        self.with_session = SessionMiddlewareStack(inner)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
         """Decide which credentials count, without a database call: the consumer accepts
@@ -81,10 +70,10 @@ class WebSocketAuthMiddleware:
         origin = header(scope, b"origin")
         if origin is None:
             # Not a browser: the cookie must not authenticate it.
-            scope = {k: v for k, v in scope.items() if k != "session"}
-        elif not origin_allowed(origin, scope):
+            return await self.inner(scope, receive, send)
+        if not origin_allowed(origin, scope):
             message = await receive()
             if message["type"] == "websocket.connect":
                 await send({"type": "websocket.close", "code": 4403})
             return None
-        return await self.inner(scope, receive, send)
+        return await self.with_session(scope, receive, send)

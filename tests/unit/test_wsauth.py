@@ -1,6 +1,7 @@
-"""Which WebSocket handshakes go through the session middleware: the token decides for a
-socket that brings one, so its handshake skips the session entirely, a malformed token
-included (it never falls back to the cookie)."""
+"""Which WebSocket handshakes reach the application, and which with a session: the token
+decides for a socket that brings one (a malformed token included: it never falls back to
+the cookie), a handshake without Origin connects without the cookie, a foreign Origin is
+refused, and only a handshake from the site itself goes through the session middleware."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from streaming.transports.wsauth import SessionUnlessToken
+from streaming.transports.wsauth import WebSocketAuthMiddleware
 
 
 class Recorder:
@@ -20,23 +21,54 @@ class Recorder:
 
 
 def handshake(*headers: tuple[bytes, bytes]) -> dict[str, Any]:
-    return {"type": "websocket", "path": "/ws/chat/", "headers": [*headers]}
+    return {
+        "type": "websocket",
+        "path": "/ws/chat/",
+        "scheme": "ws",
+        "headers": [(b"host", b"localhost"), *headers],
+    }
+
+
+async def connect_message() -> dict[str, Any]:
+    return {"type": "websocket.connect"}
 
 
 @pytest.mark.parametrize(
-    ("headers", "with_token"),
+    "headers",
     [
-        ([(b"authorization", b"Token abc123")], True),
-        ([(b"authorization", b"Bearer abc123")], True),
-        ([(b"authorization", b"Token ")], True),  # malformed: anonymous, never the cookie
-        ([(b"cookie", b"sessionid=xyz"), (b"origin", b"http://testserver")], False),
-        ([], False),
+        [(b"authorization", b"Token abc123")],
+        [(b"authorization", b"Bearer abc123"), (b"origin", b"https://evil.example")],
+        [(b"authorization", b"Token ")],  # malformed: anonymous, never the cookie
+        [(b"cookie", b"sessionid=xyz")],  # no Origin: not a browser
     ],
 )
-async def test_a_token_at_the_handshake_skips_the_session(
-    headers: list[tuple[bytes, bytes]], with_token: bool
+async def test_a_handshake_whose_cookie_cannot_count_skips_the_session(
+    headers: list[tuple[bytes, bytes]],
 ) -> None:
-    token, session = Recorder(), Recorder()
+    inner = Recorder()
     scope = handshake(*headers)
-    await SessionUnlessToken(token, session)(scope, None, None)
-    assert (token.scopes, session.scopes) == (([scope], []) if with_token else ([], [scope]))
+    await WebSocketAuthMiddleware(inner)(scope, connect_message, None)
+    assert inner.scopes == [scope]
+    assert "session" not in inner.scopes[0]
+
+
+async def test_a_foreign_origin_is_refused_before_any_session() -> None:
+    inner, sent = Recorder(), []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = handshake((b"cookie", b"sessionid=xyz"), (b"origin", b"https://evil.example"))
+    await WebSocketAuthMiddleware(inner)(scope, connect_message, send)
+    assert inner.scopes == []
+    assert sent == [{"type": "websocket.close", "code": 4403}]
+
+
+async def test_a_handshake_from_the_site_itself_gets_its_session(settings: Any) -> None:
+    settings.ALLOWED_HOSTS = ["localhost"]
+    inner = Recorder()
+    key = "k" * 32
+    scope = handshake((b"cookie", f"sessionid={key}".encode()), (b"origin", b"http://localhost"))
+    await WebSocketAuthMiddleware(inner)(scope, connect_message, None)
+    assert len(inner.scopes) == 1
+    assert inner.scopes[0]["session"].session_key == key
