@@ -45,22 +45,32 @@ def stand(monkeypatch: pytest.MonkeyPatch) -> Stand:
     return stand
 
 
-def stream(receive: Any, sent: list[dict[str, Any]]) -> asyncio.Task[None]:
+class Client:
+    """The request's ``receive``: a leftover body message, then ``http.disconnect`` once
+    ``leave`` is set."""
+
+    def __init__(self) -> None:
+        self.leave = asyncio.Event()
+        self.messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive(self) -> dict[str, Any]:
+        if self.messages:
+            return self.messages.pop()
+        await self.leave.wait()
+        return {"type": "http.disconnect"}
+
+
+def stream(client: Client, sent: list[dict[str, Any]]) -> asyncio.Task[None]:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    return asyncio.create_task(onestep.OneStepAnswers(None)._stream(STATE, receive, send))
+    answers = onestep.OneStepAnswers(None)
+    return asyncio.create_task(answers._stream(STATE, client.receive, send))
 
 
 async def test_an_answer_that_ends_ends_the_body(stand: Stand) -> None:
     sent: list[dict[str, Any]] = []
-    never = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        await never.wait()
-        return {"type": "http.disconnect"}
-
-    task = stream(receive, sent)
+    task = stream(Client(), sent)
     await stand.started.wait()
     stand.answer_ended.set()
     await task
@@ -71,18 +81,10 @@ async def test_an_answer_that_ends_ends_the_body(stand: Stand) -> None:
 
 async def test_a_client_that_leaves_ends_the_stream_quietly(stand: Stand) -> None:
     sent: list[dict[str, Any]] = []
-    leave = asyncio.Event()
-    messages = [{"type": "http.request", "body": b"", "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        if messages:
-            return messages.pop()
-        await leave.wait()
-        return {"type": "http.disconnect"}
-
-    task = stream(receive, sent)
+    client = Client()
+    task = stream(client, sent)
     await stand.started.wait()
-    leave.set()
+    client.leave.set()
     await task  # returns: the stream's own cancellation does not go on
     assert stand.cancelled, "the writer was stopped"
     assert task.cancelling() == 0
@@ -91,13 +93,7 @@ async def test_a_client_that_leaves_ends_the_stream_quietly(stand: Stand) -> Non
 
 async def test_the_servers_cancellation_goes_on(stand: Stand) -> None:
     sent: list[dict[str, Any]] = []
-    never = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        await never.wait()
-        return {"type": "http.disconnect"}
-
-    task = stream(receive, sent)
+    task = stream(Client(), sent)
     await stand.started.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
