@@ -32,11 +32,21 @@ class Generations:
     def get(self, message_id: str) -> Generation | None:
         return self.running.get(message_id)
 
-    def launch(self, plan: SegmentPlan, backends: Backends) -> Generation:
-        """Start ``plan`` as a task of the running loop; it leaves the registry when it ends."""
-        generation = Generation(plan, backends, on_end=self._ended)
+    def prepare(self, plan: SegmentPlan, backends: Backends) -> Generation:
+        """The generation of ``plan``, not started: made in any thread (it touches no
+        loop), then ``start``-ed on the loop."""
+        return Generation(plan, backends, on_end=self._ended)
+
+    def start(self, generation: Generation) -> None:
+        """Register ``generation`` and start it as a task of the running loop; it leaves
+        the registry when it ends."""
         self.running[generation.message_id] = generation
         generation.start()
+
+    def launch(self, plan: SegmentPlan, backends: Backends) -> Generation:
+        """``prepare`` then ``start``, on the running loop."""
+        generation = self.prepare(plan, backends)
+        self.start(generation)
         return generation
 
     def _ended(self, generation: Generation) -> None:

@@ -13,7 +13,6 @@ its runtime runs on a private loop thread, without the background work.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import threading
 from collections.abc import Coroutine
@@ -59,7 +58,6 @@ class Runtime:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._started: asyncio.Future[None] | None = None
         self._binding = threading.Lock()
-        self._notifying: set[concurrent.futures.Future[None]] = set()
 
     async def _on_control(self, message: dict[str, Any]) -> None:
         if message.get("type") == tokens.REVOKED:
@@ -109,19 +107,18 @@ class Runtime:
 
     def launch_threadsafe(self, plan: SegmentPlan) -> Generation:
         """Start a generation on this runtime's loop from any thread, the loop's included
-        (a database thread or a request thread after it wrote the segment's rows)."""
+        (a database thread or a request thread after it wrote the segment's rows).
+
+        From another thread the start is queued, not waited for: the calling thread (a
+        database thread, which others queue behind) goes on at once. A callback queued
+        now runs before any the loop is handed later, so by the time the caller's answer
+        reaches the loop (the result of ``database.run``, a response) the generation is
+        registered and running."""
         if self._on_loop():
             return self.generations.launch(plan, self.backends)
-        started: concurrent.futures.Future[Generation] = concurrent.futures.Future()
-
-        def start() -> None:
-            try:
-                started.set_result(self.generations.launch(plan, self.backends))
-            except BaseException as exc:
-                started.set_exception(exc)
-
-        self._loop().call_soon_threadsafe(start)
-        return started.result()
+        generation = self.generations.prepare(plan, self.backends)
+        self._loop().call_soon_threadsafe(self.generations.start, generation)
+        return generation
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on this runtime's loop from a thread that is not the loop's, and
@@ -132,23 +129,13 @@ class Runtime:
         """Publish feed events from any thread without waiting for them (a request thread,
         after its transaction committed), in one message; a failure is logged, never the
         caller's."""
-        self._send_soon(self.feed.publish(user_id, events))
+        self._loop().call_soon_threadsafe(self.feed.post, user_id, events)
 
     def revoke_tokens(self, user_id: int) -> None:
         """Tell every process (this one's included) to drop ``user_id``'s cached tokens,
         from any thread, without waiting."""
         message = {"type": tokens.REVOKED, "user": user_id}
-        self._send_soon(self.control.send(f"user:{user_id}", message))
-
-    def _send_soon(self, coro: Coroutine[Any, Any, None]) -> None:
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop())
-        self._notifying.add(future)
-        future.add_done_callback(self._notified)
-
-    def _notified(self, future: concurrent.futures.Future[None]) -> None:
-        self._notifying.discard(future)
-        if not future.cancelled() and future.exception() is not None:
-            log.warning("control message not sent: %s", future.exception())
+        self._loop().call_soon_threadsafe(self.control.post, f"user:{user_id}", message)
 
     async def cancel(self, message_id: str, reason: str) -> None:
         await self.generations.cancel(message_id, reason)
