@@ -28,5 +28,11 @@ class Control(abc.ABC):
     async def send(self, message_id: str, message: dict[str, Any]) -> None:
         """Send ``message`` (a JSON-able dict) about ``message_id`` to every process."""
 
+    @abc.abstractmethod
+    def post(self, message_id: str, message: dict[str, Any]) -> None:
+        """``send`` without waiting for it, from the loop's thread; a failure is logged,
+        never the caller's. Messages posted and sent from one process leave in the order
+        they were given."""
+
     async def stop(self) -> None:
         """Stop listening and release connections."""

@@ -3,6 +3,7 @@ message goes straight to this process's handler."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -14,6 +15,7 @@ log = logging.getLogger(__name__)
 class MemoryControl(Control):
     def __init__(self) -> None:
         self._handler: Handler | None = None
+        self._posted: set[asyncio.Task[None]] = set()
 
     async def start(self, handler: Handler) -> None:
         self._handler = handler
@@ -25,3 +27,8 @@ class MemoryControl(Control):
             await self._handler({**message, "mid": message_id})
         except Exception:
             log.exception("control message failed: %r", message)
+
+    def post(self, message_id: str, message: dict[str, Any]) -> None:
+        task = asyncio.create_task(self.send(message_id, message))
+        self._posted.add(task)
+        task.add_done_callback(self._posted.discard)

@@ -6,6 +6,12 @@ consumer of any shared receive path (the Channels layer's, say) can delay a Stop
 Pub/sub delivers to the processes connected at that moment: a process that is not (a
 Redis restart in progress) misses the message, as it would miss any; the registry's
 callers wait for the end and the reaper covers a process that died.
+
+Messages are group-committed, as the log's appends are: whatever is given while one
+``PUBLISH`` is in flight leaves in the next, as one JSON array (a lone message as its
+object), in the order given. A few feed messages go with every answer, so at a hundred
+answers a second that is one command and one parse per process per batch instead of
+one per message.
 """
 
 from __future__ import annotations
@@ -13,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import json
 import logging
 from typing import Any
 
+import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -45,6 +51,11 @@ class RedisControl(Control):
         self.redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         self._task: asyncio.Task[None] | None = None
         self.subscribed = asyncio.Event()
+        # Encoded messages waiting for the next PUBLISH, with their senders' waiters
+        # (None: posted, nobody waits).
+        self._outgoing: list[tuple[bytes, asyncio.Future[None] | None]] = []
+        self._in_flight: list[tuple[bytes, asyncio.Future[None] | None]] = []
+        self._sender: asyncio.Task[None] | None = None
 
     async def start(self, handler: Handler) -> None:
         self._task = asyncio.create_task(
@@ -52,7 +63,40 @@ class RedisControl(Control):
         )
 
     async def send(self, message_id: str, message: dict[str, Any]) -> None:
-        await self.redis.publish(self.channel, json.dumps({**message, "mid": message_id}))
+        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue(message_id, message, sent)
+        await sent
+
+    def post(self, message_id: str, message: dict[str, Any]) -> None:
+        self._queue(message_id, message, None)
+
+    def _queue(
+        self, message_id: str, message: dict[str, Any], sent: asyncio.Future[None] | None
+    ) -> None:
+        self._outgoing.append((orjson.dumps({**message, "mid": message_id}), sent))
+        if self._sender is None:
+            self._sender = asyncio.create_task(
+                self._send_queued(), name="control-sender", context=contextvars.Context()
+            )
+
+    async def _send_queued(self) -> None:
+        try:
+            while self._outgoing:
+                self._in_flight, self._outgoing = self._outgoing, []
+                batch = self._in_flight
+                if len(batch) == 1:
+                    payload = batch[0][0]
+                else:
+                    payload = b"[%b]" % b",".join(message for message, _sent in batch)
+                try:
+                    await self.redis.publish(self.channel, payload)
+                except Exception as exc:
+                    _settle(batch, exc)
+                else:
+                    _settle(batch, None)
+                self._in_flight = []
+        finally:
+            self._sender = None
 
     async def _listen(self, handler: Handler) -> None:
         delay = 0.05
@@ -67,10 +111,15 @@ class RedisControl(Control):
                     if raw is None:
                         continue
                     try:
-                        message = json.loads(raw["data"])
-                        await handler(message)
-                    except Exception:
+                        decoded = orjson.loads(raw["data"])
+                    except orjson.JSONDecodeError:
                         log.exception("control message failed: %r", raw)
+                        continue
+                    for message in decoded if isinstance(decoded, list) else [decoded]:
+                        try:
+                            await handler(message)
+                        except Exception:
+                            log.exception("control message failed: %r", message)
             except asyncio.CancelledError:
                 raise
             except UNAVAILABLE:
@@ -83,8 +132,34 @@ class RedisControl(Control):
                     await pubsub.aclose()
 
     async def stop(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+            self._sender = None
+        # Whatever was not sent is not going to be: no waiter is left hanging.
+        for _message, sent in [*self._in_flight, *self._outgoing]:
+            if sent is not None:
+                sent.cancel()
+        self._in_flight, self._outgoing = [], []
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.redis.aclose()
+
+
+def _settle(
+    batch: list[tuple[bytes, asyncio.Future[None] | None]], error: Exception | None
+) -> None:
+    """Tell a batch's waiters how its ``PUBLISH`` went; a posted message's failure is
+    logged (nobody waits for it)."""
+    for _message, sent in batch:
+        if sent is None:
+            if error is not None:
+                log.warning("control message not sent: %s", error)
+        elif not sent.done():
+            if error is None:
+                sent.set_result(None)
+            else:
+                sent.set_exception(error)
