@@ -25,8 +25,11 @@ from collections.abc import AsyncIterator
 from streaming.events import DONE, Event
 from streaming.streamlog import StreamLog
 
-# Events kept in a topic beyond what attached readers still need, for quick resumes.
-TAIL_EVENTS = 32
+# Events kept in a topic beyond what attached readers still need, for quick resumes: a
+# few, because a resume further back reads the log, one round trip, while every event
+# held costs about 400 bytes for as long as its answer streams. A topic trims when it
+# holds twice as many, so a trim is paid once per few publishes, not per publish.
+TAIL_EVENTS = 4
 # The default bound of a topic (``STREAMING["HUB_MAX_EVENTS"]``): a reader further behind
 # reads back from the log, so a stalled client cannot pin a whole answer in memory.
 MAX_TOPIC_EVENTS = 512

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from streaming import events
-from streaming.hub import MAX_TOPIC_EVENTS, Hub
+from streaming.hub import MAX_TOPIC_EVENTS, TAIL_EVENTS, Hub
 from streaming.streamlog.memory import MemoryStreamLog
 
 pytestmark = pytest.mark.asyncio
@@ -61,6 +61,36 @@ async def test_a_reader_far_behind_reads_back_from_the_log():
         assert batch is not None
         rest.extend(batch)
     assert [e["seq"] for e in first + rest] == list(range(1, total + 2))
+
+
+async def test_a_topic_keeps_a_short_tail_past_its_readers_and_what_they_still_need():
+    hub = Hub(MemoryStreamLog())
+    mid = "m-tail"
+    hub.open_local(mid, 1)
+    topic = hub.topics[mid]
+    behind = hub.read(mid, 0)
+    reading = asyncio.ensure_future(anext(behind))
+    await emit(hub, mid, [events.delta(1, "x")])
+    assert [e["seq"] for e in await reading] == [1]  # attached at cursor 1, not reading on
+    for seq in range(2, 100):
+        await emit(hub, mid, [events.delta(seq, "x")])
+    # Everything after the reader's cursor is still here for it.
+    assert topic.events[0]["seq"] == 2
+    rest = await anext(behind)
+    assert [e["seq"] for e in rest] == list(range(2, 100))
+    for seq in range(100, 200):
+        await emit(hub, mid, [events.delta(seq, "x")])
+        assert len(topic.events) <= 2 * TAIL_EVENTS + 99, "only what the reader needs, then"
+    more = await anext(behind)  # caught up again: the topic trims to a short tail
+    assert [e["seq"] for e in more] == list(range(100, 200))
+    await emit(hub, mid, [events.delta(200, "x")])
+    assert len(topic.events) <= 2 * TAIL_EVENTS
+    # A reader from the start reads back from the log what the topic let go.
+    late = asyncio.create_task(collect(hub, mid, 0))
+    await emit(hub, mid, [events.done(201, segment=0, termination={"status": "complete"})])
+    hub.close_local(mid)
+    assert [e["seq"] for e in await late] == list(range(1, 202))
+    await behind.aclose()
 
 
 @pytest.mark.parametrize("local", [True, False], ids=["generated-here", "generated-elsewhere"])
