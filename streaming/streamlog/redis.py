@@ -176,6 +176,8 @@ class RedisStreamLog(StreamLog):
         # Whether the last batch carried the appends of more than one message.
         self._shared = True
         self._flusher: asyncio.Task[None] | None = None
+        # The connection appends go out on (``_call_script``).
+        self._writer: Any = None
 
     async def append(
         self, message_id: str, events: list[Event], *, contiguous: bool = False
@@ -286,13 +288,19 @@ class RedisStreamLog(StreamLog):
         """``APPEND_SCRIPT`` with ``args`` (RESP bulk strings, the script's own arguments),
         by its SHA, or whole when Redis does not have it (a restarted Redis has no scripts).
 
-        Packed here and sent on a pooled connection: redis-py's command packing encodes
-        every argument on its own, which was most of an append's client-side cost. And
-        no retry inside the client: only ``_send_until_reachable`` knows that a batch sent
-        again may find its events already there."""
+        Packed here and sent on the appends' own connection: redis-py's command packing
+        encodes every argument on its own, which was most of an append's client-side
+        cost, and taking a connection from the pool and giving it back cost as much as
+        the rest of the call. One batch is in flight at a time (one flusher), so one
+        connection, taken once, serves them all; it goes back, closed, when a call on it
+        fails in a way that may leave a reply unread. And no retry inside the client:
+        only ``_send_until_reachable`` knows that a batch sent again may find its events
+        already there."""
         head = b"*%d\r\n" % (2 + len(args))
-        pool = self._redis.connection_pool
-        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        connection = self._writer
+        if connection is None:
+            pool = self._redis.connection_pool
+            connection = self._writer = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
             try:
                 await connection.send_packed_command(b"".join([head, _EVALSHA, _SHA, *args]))
@@ -303,10 +311,10 @@ class RedisStreamLog(StreamLog):
         except ResponseError:
             raise
         except BaseException:
+            self._writer = None
             await connection.disconnect()
+            await self._redis.connection_pool.release(connection)
             raise
-        finally:
-            await pool.release(connection)
 
     async def read(self, message_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
         entries: Any = await self._redis.xrange(
@@ -360,4 +368,7 @@ class RedisStreamLog(StreamLog):
         await self._redis.ping()
 
     async def close(self) -> None:
+        if self._writer is not None:
+            await self._redis.connection_pool.release(self._writer)
+            self._writer = None
         await self._redis.aclose()
