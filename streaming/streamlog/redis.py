@@ -9,9 +9,15 @@ rate where round trips are shorter than the gaps between tokens the appends of m
 generations still share one round trip; while batches carry one message's appends only
 (one fast generation), they go at once instead, so the window never caps a generation.
 A batch is one call of a server-side script (``APPEND_SCRIPT``: the ``XADD`` and
-``EXPIRE`` commands, each applied on its own as in a non-transactional pipeline), so the
-client encodes one command and parses one reply per batch instead of one per event
-(per-command client work is the costly part of a pipeline).
+``EXPIRE`` commands, each applied on its own as in a non-transactional pipeline) per key
+group, so the client encodes one command and parses one reply per group instead of one
+per event (per-command client work is the costly part of a pipeline).
+
+Key groups keep that valid on Redis Cluster, which runs a script only over keys of one
+hash slot. A log's key carries its group as a hash tag (``chat:log:{7}:<message id>``,
+the group a hash of the message id), so the logs of one group share a slot and one call
+appends to all of them, and the groups spread over the cluster's nodes. A batch sends
+its groups' calls back to back on one connection (one round trip to a single Redis).
 
 Redis going away (a restart, a failover) is waited out: a batch whose connection failed
 is sent again with backoff for up to ``UNAVAILABLE_RETRY_SECONDS`` while later appends
@@ -24,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -43,6 +50,9 @@ from streaming.streamlog.base import (
 )
 
 KEY_PREFIX = "chat:log:"
+# The default number of key groups (``KEY_GROUPS``): enough to spread over the masters of
+# a cluster, few enough that a batch of many messages is a few calls.
+KEY_GROUPS = 16
 RETRY_FIRST_DELAY = 0.05
 RETRY_MAX_DELAY = 1.0
 UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -121,16 +131,64 @@ _SCRIPT = _bulk(APPEND_SCRIPT.encode())
 _SHA = _bulk(hashlib.sha1(APPEND_SCRIPT.encode()).hexdigest().encode())
 
 
-def stream_key(message_id: str) -> str:
-    return f"{KEY_PREFIX}{message_id}"
+def key_group(message_id: str, groups: int = KEY_GROUPS) -> int:
+    """The group of a message's log keys: a stable hash of its id (every process agrees)."""
+    return zlib.crc32(message_id.encode()) % groups
 
 
-def tombstone_key(message_id: str) -> str:
-    return f"{KEY_PREFIX}{message_id}:deleted"
+def stream_key(message_id: str, groups: int = KEY_GROUPS) -> str:
+    """The log's key; ``{<group>}`` is its Redis Cluster hash tag."""
+    return f"{KEY_PREFIX}{{{key_group(message_id, groups)}}}:{message_id}"
+
+
+def tombstone_key(message_id: str, groups: int = KEY_GROUPS) -> str:
+    """Set for a while when a log is deleted (a follower blocked on it learns why it
+    stopped); in the log's hash slot."""
+    return f"{stream_key(message_id, groups)}:deleted"
 
 
 def _entry_id(seq: int) -> str:
     return f"{seq}-1"
+
+
+async def _run_scripts(
+    connection: Any, calls: list[list[bytes]], verb: bytes, script: bytes
+) -> list[Any]:
+    """Send ``verb script <call>`` for each call in one write, then read every reply: an
+    error reply is returned in its place (the connection stays in step)."""
+    frames = [b"".join([b"*%d\r\n" % (2 + len(args)), verb, script, *args]) for args in calls]
+    await connection.send_packed_command(b"".join(frames))
+    replies: list[Any] = []
+    for _ in calls:
+        try:
+            replies.append(await connection.read_response())
+        except ResponseError as exc:
+            replies.append(exc)
+    return replies
+
+
+def _errors(appends: list[_Append], replies: list[Any], retry: bool) -> list[Exception | None]:
+    """Each append's outcome from its group's reply (one entry per event, in order)."""
+    results: list[Exception | None] = []
+    position = 0
+    for message_id, events, _future, _contiguous in appends:
+        error: Exception | None = None
+        for reply in replies[position : position + len(events)]:
+            if not reply:
+                continue
+            text = reply.decode() if isinstance(reply, bytes) else str(reply)
+            if text.startswith("lost "):
+                error = LogLost(message_id, int(text[5:]))
+            elif "equal or smaller" not in text:
+                error = ResponseError(text)
+            elif not retry:
+                error = SeqConflict(text)
+            else:
+                continue
+            break
+        results.append(error)
+        position += len(events)
+    return results
 
 
 def _decode(entries: Any) -> list[Event]:
@@ -145,7 +203,9 @@ class RedisStreamLog(StreamLog):
     ``GROUP_COMMIT_WINDOW``, seconds a pipeline collects appends before it is sent (a few
     ms of latency per token for a several-fold cut in pipelines per second under load);
     ``UNAVAILABLE_RETRY_SECONDS``, how long an append waits for an unreachable Redis
-    before its generation gets the error; ``MAX_CONNECTIONS``, the pool's bound."""
+    before its generation gets the error; ``MAX_CONNECTIONS``, the pool's bound;
+    ``KEY_GROUPS``, how many hash tags the logs' keys spread over (every process of a
+    deployment must use the same number: it is part of every log's key)."""
 
     def __init__(
         self,
@@ -155,8 +215,12 @@ class RedisStreamLog(StreamLog):
         group_commit_window: float = 0.002,
         unavailable_retry_seconds: float = 60.0,
         max_connections: int = 4096,
+        key_groups: int = KEY_GROUPS,
     ) -> None:
+        if not isinstance(key_groups, int) or key_groups < 1:
+            raise ValueError("KEY_GROUPS must be a whole number of at least 1")
         self._url = location
+        self.key_groups = key_groups
         self.follow_block_ms = follow_block_ms
         self.group_commit_window = group_commit_window
         self.unavailable_retry_seconds = unavailable_retry_seconds
@@ -231,17 +295,33 @@ class RedisStreamLog(StreamLog):
                 delay = min(delay * 2, RETRY_MAX_DELAY)
                 retry = True
 
+    def _key(self, message_id: str) -> str:
+        return stream_key(message_id, self.key_groups)
+
     async def _send(self, batch: list[_Append], retry: bool = False) -> list[Exception | None]:
-        """One script call for the batch. On a ``retry`` an event Redis already holds was
-        applied by the attempt whose connection failed, so it counts as appended (and
-        satisfies a ``contiguous`` check: the check sees it there)."""
+        """One script call per key group of the batch, sent together. On a ``retry`` an
+        event Redis already holds was applied by the attempt whose connection failed, so
+        it counts as appended (and satisfies a ``contiguous`` check: the check sees it
+        there). A message's appends are all in its group's call, in the order given."""
+        groups: dict[int, list[int]] = {}
+        for at, append in enumerate(batch):
+            groups.setdefault(key_group(append[0], self.key_groups), []).append(at)
+        calls = [[batch[at] for at in members] for members in groups.values()]
+        replies = await self._call_script([self._script_args(appends) for appends in calls])
+        results: list[Exception | None] = [None] * len(batch)
+        for members, appends, reply in zip(groups.values(), calls, replies, strict=True):
+            for at, error in zip(members, _errors(appends, reply, retry), strict=True):
+                results[at] = error
+        return results
+
+    def _script_args(self, appends: list[_Append]) -> list[bytes]:
+        """``APPEND_SCRIPT``'s keys and arguments for ``appends`` (RESP bulk strings)."""
         keys: list[bytes] = []
         kinds: list[str] = []
         checks: list[str] = []
         entries: list[bytes] = []
-        spans: list[int] = []
-        for message_id, events, _future, contiguous in batch:
-            key = _bulk(stream_key(message_id).encode())
+        for message_id, events, _future, contiguous in appends:
+            key = _bulk(self._key(message_id).encode())
             checks.append("c" if contiguous else "-")
             if len(events) > 1:
                 checks.append("-" * (len(events) - 1))
@@ -250,10 +330,9 @@ class RedisStreamLog(StreamLog):
                 kind = event["type"]
                 kinds.append("d" if kind == DONE else "s" if kind == START else "-")
                 entries += (_bulk(_entry_id(event["seq"]).encode()), _bulk(encode(event)))
-            spans.append(len(events))
         # A live log outlives any generation; a finished one is kept for resumes.
         ttl = streaming_settings.LOG_TTL
-        args = [
+        return [
             _bulk(b"%d" % len(keys)),
             *keys,
             _bulk(b"%d" % ttl),
@@ -262,31 +341,12 @@ class RedisStreamLog(StreamLog):
             _bulk("".join(checks).encode()),
             *entries,
         ]
-        replies = await self._call_script(args)
-        results: list[Exception | None] = []
-        position = 0
-        for (message_id, _events, _future, _contiguous), span in zip(batch, spans, strict=True):
-            error: Exception | None = None
-            for reply in replies[position : position + span]:
-                if not reply:
-                    continue
-                text = reply.decode() if isinstance(reply, bytes) else str(reply)
-                if text.startswith("lost "):
-                    error = LogLost(message_id, int(text[5:]))
-                elif "equal or smaller" not in text:
-                    error = ResponseError(text)
-                elif not retry:
-                    error = SeqConflict(text)
-                else:
-                    continue
-                break
-            results.append(error)
-            position += span
-        return results
 
-    async def _call_script(self, args: list[bytes]) -> Any:
-        """``APPEND_SCRIPT`` with ``args`` (RESP bulk strings, the script's own arguments),
-        by its SHA, or whole when Redis does not have it (a restarted Redis has no scripts).
+    async def _call_script(self, calls: list[list[bytes]]) -> list[Any]:
+        """``APPEND_SCRIPT`` once for each of ``calls`` (its keys and arguments, RESP bulk
+        strings), sent back to back, by its SHA, and whole again for the calls Redis
+        could not run by SHA (a restarted Redis has no scripts); the replies in order.
+        Another error reply fails the whole batch, once every reply is read.
 
         Packed here and sent on the appends' own connection: redis-py's command packing
         encodes every argument on its own, which was most of an append's client-side
@@ -296,34 +356,35 @@ class RedisStreamLog(StreamLog):
         fails in a way that may leave a reply unread. And no retry inside the client:
         only ``_send_until_reachable`` knows that a batch sent again may find its events
         already there."""
-        head = b"*%d\r\n" % (2 + len(args))
         connection = self._writer
         if connection is None:
             pool = self._redis.connection_pool
             connection = self._writer = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
-            try:
-                await connection.send_packed_command(b"".join([head, _EVALSHA, _SHA, *args]))
-                return await connection.read_response()
-            except NoScriptError:
-                await connection.send_packed_command(b"".join([head, _EVAL, _SCRIPT, *args]))
-                return await connection.read_response()
-        except ResponseError:
-            raise
+            replies = await _run_scripts(connection, calls, _EVALSHA, _SHA)
+            unknown = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+            if unknown:
+                again = await _run_scripts(connection, [calls[i] for i in unknown], _EVAL, _SCRIPT)
+                for i, reply in zip(unknown, again, strict=True):
+                    replies[i] = reply
         except BaseException:
             self._writer = None
             await connection.disconnect()
             await self._redis.connection_pool.release(connection)
             raise
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                raise reply
+        return replies
 
     async def read(self, message_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
         entries: Any = await self._redis.xrange(
-            stream_key(message_id), min=f"({_entry_id(after)}", count=limit
+            self._key(message_id), min=f"({_entry_id(after)}", count=limit
         )
         return _decode(entries)
 
     async def follow(self, message_id: str, after: int = 0) -> AsyncIterator[list[Event]]:
-        key = stream_key(message_id)
+        key = self._key(message_id)
         cursor = _entry_id(after)
         delay = RETRY_FIRST_DELAY
         while True:
@@ -340,7 +401,9 @@ class RedisStreamLog(StreamLog):
                 # Idle for a block: was the log deleted under us (a deletion does not wake
                 # a blocked XREAD)? One EXISTS per idle follower per block.
                 try:
-                    deleted = bool(await self._redis.exists(tombstone_key(message_id)))
+                    deleted = bool(
+                        await self._redis.exists(tombstone_key(message_id, self.key_groups))
+                    )
                 except UNAVAILABLE:
                     deleted = False
                 if deleted:
@@ -355,13 +418,13 @@ class RedisStreamLog(StreamLog):
                 return
 
     async def last_seq(self, message_id: str) -> int:
-        entries: Any = await self._redis.xrevrange(stream_key(message_id), count=1)
+        entries: Any = await self._redis.xrevrange(self._key(message_id), count=1)
         return int(entries[0][0].split(b"-")[0]) if entries else 0
 
     async def delete(self, message_id: str) -> None:
         pipe = self._redis.pipeline(transaction=False)
-        pipe.set(tombstone_key(message_id), "1", ex=TOMBSTONE_SECONDS)
-        pipe.delete(stream_key(message_id))
+        pipe.set(tombstone_key(message_id, self.key_groups), "1", ex=TOMBSTONE_SECONDS)
+        pipe.delete(self._key(message_id))
         await pipe.execute()
 
     async def ping(self) -> None:

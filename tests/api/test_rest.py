@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 
+from streaming.streamlog.redis import stream_key
 from tests.api.calls import assert_error, client, new_conversation, post, read_to_end, started
 
 FAST = {"ttft_ms": 0, "tokens_per_second": 1000}
@@ -252,8 +253,8 @@ def test_delete_removes_messages_and_logs_and_stops_the_answer(daphne, account):
         # The 201 comes as the generation starts; its first event is the one to await.
         assert read_to_end(api, running["id"], until="start")[0]["type"] == "start"
         if redis is not None:
-            assert redis.exists(f"chat:log:{done['message']['id']}")
-            assert redis.exists(f"chat:log:{running['id']}")
+            assert redis.exists(stream_key(done["message"]["id"]))
+            assert redis.exists(stream_key(running["id"]))
 
         response = api.delete(f"/api/conversations/{conversation}/")
         assert response.status_code == 204, response.text
@@ -263,8 +264,8 @@ def test_delete_removes_messages_and_logs_and_stops_the_answer(daphne, account):
             assert_error(api.get(f"/api/messages/{message_id}/"), 404)
         assert_error(api.get(f"/api/messages/{running['id']}/stream/"), 404)
         if redis is not None:
-            assert not redis.exists(f"chat:log:{done['message']['id']}")
-            assert not redis.exists(f"chat:log:{running['id']}")
+            assert not redis.exists(stream_key(done["message"]["id"]))
+            assert not redis.exists(stream_key(running["id"]))
         assert api.get("/api/conversations/").json()["count"] == 0
 
 

@@ -204,3 +204,64 @@ async def test_appends_go_on_when_redis_forgot_the_append_script() -> None:
     finally:
         await backend.delete(mid)
         await backend.close()
+
+
+async def _evalsha_calls(backend: object) -> int:
+    stats = await backend._redis.info("commandstats")  # type: ignore[attr-defined]
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_a_batch_makes_one_script_call_per_key_group() -> None:
+    """Appends given together go in one batch: one call per key group, each over keys of
+    one Redis Cluster hash slot (their hash tag), and every append lands."""
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        pytest.skip("needs REDIS_URL")
+    from streaming.streamlog.redis import RedisStreamLog, key_group, stream_key
+
+    backend = RedisStreamLog(url, key_groups=4, group_commit_window=0.05)
+    mids = [str(uuid.uuid4()) for _ in range(24)]
+    groups = {key_group(mid, 4) for mid in mids}
+    assert len(groups) > 1
+    try:
+        await backend.append(str(uuid.uuid4()), deltas(1, 1))  # the script is loaded
+        before = await _evalsha_calls(backend)
+        await asyncio.gather(*(backend.append(mid, deltas(1, 3)) for mid in mids))
+        assert await _evalsha_calls(backend) - before == len(groups)
+        for mid in mids:
+            key = stream_key(mid, 4)
+            assert key == f"chat:log:{{{key_group(mid, 4)}}}:{mid}"
+            assert await backend._redis.exists(key)
+            assert [e["seq"] for e in await backend.read(mid, 0)] == [1, 2, 3]
+    finally:
+        for mid in mids:
+            await backend.delete(mid)
+        await backend.close()
+
+
+async def test_every_group_of_a_batch_is_appended_when_redis_forgot_the_script() -> None:
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        pytest.skip("needs REDIS_URL")
+    from streaming.streamlog.redis import RedisStreamLog
+
+    backend = RedisStreamLog(url, key_groups=4, group_commit_window=0.05)
+    mids = [str(uuid.uuid4()) for _ in range(12)]
+    try:
+        await asyncio.gather(*(backend.append(mid, deltas(1, 1)) for mid in mids))
+        await backend._redis.script_flush()
+        await asyncio.gather(*(backend.append(mid, deltas(2, 2), contiguous=True) for mid in mids))
+        for mid in mids:
+            assert [e["seq"] for e in await backend.read(mid, 0)] == [1, 2, 3]
+    finally:
+        for mid in mids:
+            await backend.delete(mid)
+        await backend.close()
+
+
+@pytest.mark.parametrize("groups", [0, -1, 1.5, "4"])
+async def test_key_groups_must_be_a_whole_number_of_at_least_one(groups: object) -> None:
+    from streaming.streamlog.redis import RedisStreamLog
+
+    with pytest.raises(ValueError, match="KEY_GROUPS"):
+        RedisStreamLog("redis://127.0.0.1:6379/0", key_groups=groups)  # type: ignore[arg-type]
