@@ -192,6 +192,11 @@ class Generation:
         loop = asyncio.get_running_loop()
         self._abandon_timer = loop.call_later(grace, self._abandon_due)
 
+    def followed_elsewhere(self) -> None:
+        """A process other than this one has (or had) readers of this answer: they read
+        the log, so what this process holds must cover them if the log loses its tail."""
+        self.backends.hub.keep_for_followers(self.message_id)
+
     async def recount_readers(self) -> None:
         """Count the readers in every process again (another process's count changed)."""
         self.readers_changed(await self.backends.presence.count(self.message_id))

@@ -30,6 +30,11 @@ from streaming.streamlog import StreamLog
 # held costs about 400 bytes for as long as its answer streams. A topic trims when it
 # holds twice as many, so a trim is paid once per few publishes, not per publish.
 TAIL_EVENTS = 4
+# The tail of a generation that readers in other processes follow (``keep_for_followers``):
+# they read the log, not this topic, and when the log loses its tail (Redis restarted
+# empty) the generation puts back what its topic holds (``generation.append_following``),
+# so the tail must reach back past a follower that lags the writer.
+FOLLOWED_TAIL_EVENTS = 32
 # The default bound of a topic (``STREAMING["HUB_MAX_EVENTS"]``): a reader further behind
 # reads back from the log, so a stalled client cannot pin a whole answer in memory.
 MAX_TOPIC_EVENTS = 512
@@ -45,6 +50,7 @@ class Topic:
         "local",
         "max_events",
         "message_id",
+        "tail",
         "waiters",
     )
 
@@ -59,6 +65,7 @@ class Topic:
         self.follower: asyncio.Task[None] | None = None
         # The seq this topic starts at while it holds no events yet (None: unknown).
         self.first_seq: int | None = None
+        self.tail = TAIL_EVENTS
 
     def publish(self, events: list[Event]) -> None:
         if not events:
@@ -100,9 +107,9 @@ class Topic:
         return events[index:]
 
     def _trim(self) -> None:
-        if len(self.events) <= 2 * TAIL_EVENTS:
+        if len(self.events) <= 2 * self.tail:
             return
-        keep_from = self.events[-TAIL_EVENTS]["seq"]
+        keep_from = self.events[-self.tail]["seq"]
         if self.cursors:
             keep_from = min(keep_from, min(self.cursors.values()) + 1)
         if len(self.events) > self.max_events:
@@ -187,6 +194,13 @@ class Hub:
         topic = self.topics.get(message_id)
         if topic is not None:
             topic.publish(events)
+
+    def keep_for_followers(self, message_id: str) -> None:
+        """Readers in other processes follow the local generation of ``message_id``: its
+        topic keeps the longer tail (``FOLLOWED_TAIL_EVENTS``) from now on."""
+        topic = self.topics.get(message_id)
+        if topic is not None:
+            topic.tail = FOLLOWED_TAIL_EVENTS
 
     def close_local(self, message_id: str) -> None:
         """The local generation ended. Its ``done`` is here, unless another process (a

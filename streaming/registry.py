@@ -82,4 +82,6 @@ class Generations:
         if kind == CANCEL:
             generation.cancel(message.get("reason", "cancelled"))
         elif kind == READERS:
+            # Only a process with readers of it sends this: it is followed from there.
+            generation.followed_elsewhere()
             await generation.recount_readers()

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from streaming import events
-from streaming.hub import MAX_TOPIC_EVENTS, TAIL_EVENTS, Hub
+from streaming.hub import FOLLOWED_TAIL_EVENTS, MAX_TOPIC_EVENTS, TAIL_EVENTS, Hub
 from streaming.streamlog.memory import MemoryStreamLog
 
 pytestmark = pytest.mark.asyncio
@@ -91,6 +91,22 @@ async def test_a_topic_keeps_a_short_tail_past_its_readers_and_what_they_still_n
     hub.close_local(mid)
     assert [e["seq"] for e in await late] == list(range(1, 202))
     await behind.aclose()
+
+
+@pytest.mark.parametrize("followed", [False, True], ids=["read-here", "followed-elsewhere"])
+async def test_a_topic_followed_from_other_processes_keeps_the_longer_tail(followed):
+    hub = Hub(MemoryStreamLog())
+    mid = "m-followed"
+    hub.open_local(mid, 1)
+    if followed:
+        hub.keep_for_followers(mid)
+    tail = FOLLOWED_TAIL_EVENTS if followed else TAIL_EVENTS
+    for seq in range(1, 200):
+        await emit(hub, mid, [events.delta(seq, "x")])
+        held = [e["seq"] for e in hub.topics[mid].events]
+        assert held == list(range(max(1, seq - len(held) + 1), seq + 1)), "the newest, whole"
+        assert min(seq, tail) <= len(held) <= 2 * tail
+    hub.close_local(mid)
 
 
 @pytest.mark.parametrize("local", [True, False], ids=["generated-here", "generated-elsewhere"])

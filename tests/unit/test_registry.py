@@ -20,7 +20,7 @@ import pytest
 from streaming.control.base import Control
 from streaming.control.memory import MemoryControl
 from streaming.generation import Backends, Generation
-from streaming.hub import Hub
+from streaming.hub import FOLLOWED_TAIL_EVENTS, TAIL_EVENTS, Hub
 from streaming.presence.memory import MemoryPresence
 from streaming.registry import CANCEL, READERS, Generations
 from streaming.streamlog.memory import MemoryStreamLog
@@ -222,3 +222,19 @@ async def test_a_readers_message_counts_the_readers_again() -> None:
     assert generation.cancel_reason is None
     await here.generations.on_control({"type": READERS, "mid": mid})
     assert await ended(generation) == Status.ABANDONED
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_readers_message_makes_the_topic_keep_the_longer_tail() -> None:
+    """Only a process with readers of the answer sends it: they follow the log, so what
+    this process holds for a log that lost its tail must reach back past them."""
+    here = process()
+    answer = await create_answer(WORKER)
+    generation, gate = await running(here, answer)
+    hub = generation.backends.hub
+    topic = hub.topics[answer.message_id]
+    assert topic.tail == TAIL_EVENTS
+    await here.generations.on_control({"type": READERS, "mid": answer.message_id})
+    assert topic.tail == FOLLOWED_TAIL_EVENTS
+    gate.open()
+    assert await ended(generation) == Status.COMPLETE
