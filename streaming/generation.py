@@ -255,6 +255,11 @@ class Generation:
             plan.base_reasoning + self.reasoning,
         )
 
+    def stored(self, partial: Partial) -> None:
+        """The write-behind stored ``partial`` (one this generation gave): the events it
+        covers need not stay in this process for a log that loses its tail."""
+        self.backends.hub.stored(self.message_id, partial.last_seq)
+
     async def _write(self, batch: list[events.Event]) -> None:
         """Every batch after the segment's first must follow on from what the log holds."""
         backends = self.backends

@@ -6,9 +6,12 @@ tokens without a Redis round trip. Otherwise one follower task per message tails
 stream log and publishes for every local reader of it (one ``XREAD`` per message per
 process, not per reader).
 
-Memory: a topic keeps events only from the slowest attached reader's cursor on (plus a
-short tail for fast resumes); anything older is read back from the log. Readers hold a
-cursor, never a queue, so a reader that falls behind costs nothing here.
+Memory: a topic keeps events only from the slowest attached reader's cursor on, plus a
+short tail, and while its message is generated here what the database does not hold yet
+(``stored``); anything older is read back from the log. Readers hold a cursor, never a
+queue, so a reader that falls behind costs nothing here. A log that lost its tail (Redis
+restarted empty) is refilled from the generating process's topic, so with the database's
+copy nothing of a running answer is ever only in the log.
 
 CPU: this is per-token code. A publish resolves the futures of the readers waiting right
 now and nothing else; a reader's keep-alive deadline is one timer per idle period that
@@ -50,6 +53,7 @@ class Topic:
         "local",
         "max_events",
         "message_id",
+        "stored",
         "tail",
         "waiters",
     )
@@ -66,6 +70,9 @@ class Topic:
         # The seq this topic starts at while it holds no events yet (None: unknown).
         self.first_seq: int | None = None
         self.tail = TAIL_EVENTS
+        # While a generation here publishes: the seq the database's copy of the message
+        # reaches (its write-behind); the events after it are kept.
+        self.stored: int | None = None
 
     def publish(self, events: list[Event]) -> None:
         if not events:
@@ -112,6 +119,8 @@ class Topic:
         keep_from = self.events[-self.tail]["seq"]
         if self.cursors:
             keep_from = min(keep_from, min(self.cursors.values()) + 1)
+        if self.stored is not None:
+            keep_from = min(keep_from, self.stored + 1)
         if len(self.events) > self.max_events:
             keep_from = max(keep_from, self.events[-self.max_events]["seq"])
         drop = 0
@@ -188,12 +197,20 @@ class Hub:
             topic.first_seq = first_seq
         topic.local = True
         topic.ended = False
+        topic.stored = first_seq - 1  # the earlier segments are stored whole
         return topic
 
     def publish(self, message_id: str, events: list[Event]) -> None:
         topic = self.topics.get(message_id)
         if topic is not None:
             topic.publish(events)
+
+    def stored(self, message_id: str, seq: int) -> None:
+        """The database holds the local generation's text up to ``seq``: the topic may let
+        go of the events up to it."""
+        topic = self.topics.get(message_id)
+        if topic is not None and topic.local:
+            topic.stored = max(seq, topic.stored or 0)
 
     def keep_for_followers(self, message_id: str) -> None:
         """Readers in other processes follow the local generation of ``message_id``: its
@@ -209,6 +226,7 @@ class Hub:
         if topic is None:
             return
         topic.local = False
+        topic.stored = None
         topic.ended = bool(topic.events) and topic.events[-1]["type"] == DONE
         topic.wake()
         self._release(topic)

@@ -102,6 +102,11 @@ class Lifecycle:
                 continue
             for partial in refused:
                 log.error("the database refused the partial text of %s", partial.message_id)
+            given_up = {partial.message_id for partial in refused}
+            for partial in batch:
+                running = self.generations.get(partial.message_id)
+                if running is not None and partial.message_id not in given_up:
+                    running.stored(partial)
             metrics.PERSIST_LATENCY.labels(kind="partial").observe(time.monotonic() - started)
             pending.clear()
 

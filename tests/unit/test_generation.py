@@ -29,7 +29,7 @@ from streaming.engines.base import (
     Usage,
 )
 from streaming.generation import Backends, Generation
-from streaming.hub import Hub
+from streaming.hub import TAIL_EVENTS, Hub
 from streaming.models import Segment
 from streaming.presence.memory import MemoryPresence
 from streaming.registry import Generations
@@ -544,6 +544,43 @@ async def test_a_log_that_lost_its_tail_gets_back_what_this_process_holds(
         await other_log.close()
     assert "".join(texts(logged)) == "one two three"
     assert remote_got == logged, "the other process's reader got every event once"
+
+
+@pytest.mark.skipif(not REDIS_URL, reason="needs REDIS_URL")
+async def test_a_log_that_lost_its_tail_gets_back_every_event_the_database_lacks(
+    answer: Answer,
+) -> None:
+    """More events than the topic's tail, its reader caught up, and no write-behind yet:
+    the topic still holds every event the database does not, so after Redis restarts
+    empty the log is whole again from its first event, and a reader from the start of
+    the answer gets all of it."""
+    import redis.asyncio as aioredis
+
+    from streaming.streamlog.redis import stream_key
+
+    log = redis_log()
+    raw = aioredis.Redis.from_url(REDIS_URL)
+    gates = [Gate() for _ in range(3 * TAIL_EVENTS)]
+    script: list[Step] = []
+    for n, gate in enumerate(gates):
+        script += [chunk(f"t{n} "), gate]
+    script.append(chunk("end"))
+    try:
+        run = await launch(answer, script, log=log)
+        for gate in gates:  # one event per chunk: each is appended before the next comes
+            await asyncio.wait_for(gate.reached.wait(), HANG)
+            await asyncio.wait_for(run.generation.outbox.drain(), HANG)
+            if gate is gates[-1]:
+                assert await raw.delete(stream_key(run.message_id)) == 1  # the restart
+            gate.open()
+        logged = await finish(run)
+        whole = await log.read(run.message_id, 0)
+    finally:
+        await log.delete(answer.message_id)
+        await raw.aclose()
+        await log.close()
+    assert [e["seq"] for e in whole] == list(range(1, logged[-1]["seq"] + 1))
+    assert "".join(texts(whole)) == "".join(f"t{n} " for n in range(len(gates))) + "end"
 
 
 class HeldLog(MemoryStreamLog):

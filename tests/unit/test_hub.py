@@ -19,6 +19,12 @@ async def emit(hub: Hub, mid: str, batch: list[dict]) -> None:
     hub.publish(mid, batch)
 
 
+async def emit_stored(hub: Hub, mid: str, batch: list[dict]) -> None:
+    """``emit``, with the database's copy keeping up (the write-behind ran after it)."""
+    await emit(hub, mid, batch)
+    hub.stored(mid, batch[-1]["seq"])
+
+
 async def collect(hub: Hub, mid: str, after: int, settled: int = 0) -> list[dict]:
     out: list[dict] = []
     async for batch in hub.read(mid, after, settled=settled):
@@ -70,20 +76,20 @@ async def test_a_topic_keeps_a_short_tail_past_its_readers_and_what_they_still_n
     topic = hub.topics[mid]
     behind = hub.read(mid, 0)
     reading = asyncio.ensure_future(anext(behind))
-    await emit(hub, mid, [events.delta(1, "x")])
+    await emit_stored(hub, mid, [events.delta(1, "x")])
     assert [e["seq"] for e in await reading] == [1]  # attached at cursor 1, not reading on
     for seq in range(2, 100):
-        await emit(hub, mid, [events.delta(seq, "x")])
+        await emit_stored(hub, mid, [events.delta(seq, "x")])
     # Everything after the reader's cursor is still here for it.
     assert topic.events[0]["seq"] == 2
     rest = await anext(behind)
     assert [e["seq"] for e in rest] == list(range(2, 100))
     for seq in range(100, 200):
-        await emit(hub, mid, [events.delta(seq, "x")])
+        await emit_stored(hub, mid, [events.delta(seq, "x")])
         assert len(topic.events) <= 2 * TAIL_EVENTS + 99, "only what the reader needs, then"
     more = await anext(behind)  # caught up again: the topic trims to a short tail
     assert [e["seq"] for e in more] == list(range(100, 200))
-    await emit(hub, mid, [events.delta(200, "x")])
+    await emit_stored(hub, mid, [events.delta(200, "x")])
     assert len(topic.events) <= 2 * TAIL_EVENTS
     # A reader from the start reads back from the log what the topic let go.
     late = asyncio.create_task(collect(hub, mid, 0))
@@ -102,11 +108,32 @@ async def test_a_topic_followed_from_other_processes_keeps_the_longer_tail(follo
         hub.keep_for_followers(mid)
     tail = FOLLOWED_TAIL_EVENTS if followed else TAIL_EVENTS
     for seq in range(1, 200):
-        await emit(hub, mid, [events.delta(seq, "x")])
+        await emit_stored(hub, mid, [events.delta(seq, "x")])
         held = [e["seq"] for e in hub.topics[mid].events]
         assert held == list(range(max(1, seq - len(held) + 1), seq + 1)), "the newest, whole"
         assert min(seq, tail) <= len(held) <= 2 * tail
     hub.close_local(mid)
+
+
+async def test_a_generating_topic_keeps_what_the_database_does_not_hold():
+    """Nothing of a running answer is only in the log: a log that loses its tail is
+    refilled from here, and the database's copy covers what the topic let go."""
+    hub = Hub(MemoryStreamLog())
+    mid = "m-stored"
+    hub.open_local(mid, 1)
+    topic = hub.topics[mid]
+    for seq in range(1, 50):
+        await emit(hub, mid, [events.delta(seq, "x")])
+    assert [e["seq"] for e in topic.events] == list(range(1, 50)), "nothing stored yet"
+    hub.stored(mid, 40)
+    await emit(hub, mid, [events.delta(50, "x")])
+    assert [e["seq"] for e in topic.events] == list(range(41, 51))
+    hub.stored(mid, 50)
+    await emit(hub, mid, [events.delta(51, "x")])
+    assert len(topic.events) <= 2 * TAIL_EVENTS and topic.events[-1]["seq"] == 51
+    hub.close_local(mid)
+    hub.stored(mid, 60)  # no generation here: nothing to keep for it
+    assert topic.stored is None
 
 
 @pytest.mark.parametrize("local", [True, False], ids=["generated-here", "generated-elsewhere"])
