@@ -139,6 +139,8 @@ class Generation:
         self._abandon_timer: asyncio.TimerHandle | None = None
         self._abandon_check: asyncio.Task[None] | None = None
         self._persisted_seq = plan.first_seq - 1
+        # The seq of the last event the log holds, whose text ``parts`` hold (``_written``).
+        self._logged_seq = plan.first_seq - 1
         self.started_at = time.monotonic()
 
     @property
@@ -243,7 +245,12 @@ class Generation:
         return "".join(self.reasoning_parts)
 
     def partial(self) -> Partial | None:
-        seq = self.outbox.seq
+        """The text the log holds and the seq it reaches, for the write-behind. Not the
+        outbox's seq: that counts a batch from the moment its write starts, while its
+        text joins ``parts`` only once the log has it, and a record whose seq counted
+        text it did not hold would lose that text when the reaper splices the log's
+        events after the seq onto it."""
+        seq = self._logged_seq
         if seq == self._persisted_seq or self._finalizing:
             return None
         self._persisted_seq = seq
@@ -276,6 +283,7 @@ class Generation:
                 self.parts.append(event["text"])
             elif kind == events.REASONING:
                 self.reasoning_parts.append(event["text"])
+        self._logged_seq = batch[-1]["seq"]
         self.backends.hub.publish(self.message_id, batch)
 
     def _write_failed(self, exc: BaseException) -> None:

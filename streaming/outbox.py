@@ -40,7 +40,8 @@ class Outbox:
         self._published = published
         self._failed = failed
         self.window = window
-        # The seq of the last event the log holds.
+        # The seq of the last event handed to the log: a batch counts from the moment its
+        # write starts (the log holds it once ``published`` is called).
         self.seq = first_seq - 1
         self.error: BaseException | None = None
         self._pending: list[Event] = []

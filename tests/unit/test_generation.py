@@ -621,6 +621,35 @@ async def test_a_slow_log_never_holds_up_the_engine(answer: Answer) -> None:
     assert texts(logged) == ["a", "".join(f" {n}" for n in range(20))]
 
 
+async def test_the_write_behind_never_counts_text_still_on_its_way_to_the_log(
+    answer: Answer,
+) -> None:
+    """A partial taken while a batch is being appended reaches the seq of the text it
+    holds: a record claiming the batch's seq without its text would lose that text when
+    the reaper splices the log's events after the seq onto it."""
+    log = HeldLog()
+    log.gate.set()
+    first, second = Gate(), Gate()
+    run = await launch(answer, [chunk("Hello"), first, chunk(" there"), second], log=log)
+    await asyncio.wait_for(first.reached.wait(), HANG)
+    await asyncio.wait_for(run.generation.outbox.drain(), HANG)
+    before = run.generation.partial()
+    assert before is not None and before.content == "Hello"
+    log.gate.clear()
+    log.entered.clear()
+    first.open()
+    await asyncio.wait_for(second.reached.wait(), HANG)
+    await asyncio.wait_for(log.entered.wait(), HANG)  # " there" is on its way
+    assert run.generation.partial() is None, "nothing more is in the log yet"
+    log.gate.set()
+    await asyncio.wait_for(run.generation.outbox.drain(), HANG)
+    after = run.generation.partial()
+    assert after is not None and after.content == "Hello there"
+    assert after.last_seq == before.last_seq + 1
+    second.open()
+    await finish(run)
+
+
 async def first_text(hub: Hub, message_id: str) -> str:
     async for batch in hub.read(message_id, 0):
         for event in batch or []:
