@@ -11,6 +11,38 @@ from playwright.sync_api import expect
 pytestmark = pytest.mark.e2e
 
 
+def test_a_refresh_of_the_list_keeps_the_entries_it_did_not_change(open_chat):
+    """A conversation made in another tab arrives through the feed: the list shows it on
+    top and keeps every other entry as it was, the same nodes, with keyboard focus on the
+    one that had it (a list rebuilt whole would drop the focus and every reference)."""
+    chat = open_chat()
+    page = chat.page
+    headers = {"Authorization": f"Token {chat.token}"}
+    for title in ("first", "second", "third"):
+        made = httpx.post(
+            f"{chat.api_url}/api/conversations/", json={"title": title}, headers=headers
+        )
+        assert made.status_code == 201, made.text
+    titles = page.locator("#conversation-list .open")
+    expect(titles).to_have_text(["third", "second", "first"])
+    page.evaluate(
+        "() => document.querySelectorAll('#conversation-list .conversation')"
+        ".forEach((li) => { li.seen = true; })"
+    )
+    titles.nth(1).focus()
+    made = httpx.post(
+        f"{chat.api_url}/api/conversations/", json={"title": "elsewhere"}, headers=headers
+    )
+    assert made.status_code == 201, made.text
+    expect(titles).to_have_text(["elsewhere", "third", "second", "first"])
+    kept = page.evaluate(
+        "() => [...document.querySelectorAll('#conversation-list .conversation')]"
+        ".map((li) => Boolean(li.seen))"
+    )
+    assert kept == [False, True, True, True]
+    assert page.evaluate("() => document.activeElement.textContent") == "second"
+
+
 def test_an_open_menu_survives_a_refresh_of_the_list(open_chat):
     """The list refreshing under an open conversation menu (here a rename in another tab,
     arriving through the feed) keeps the menu open, with focus where it was."""

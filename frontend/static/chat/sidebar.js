@@ -26,6 +26,7 @@ export class Sidebar {
     this.current = null;
     this.hasMore = false;
     this.streaming = new Set(); // ids with an answer this tab is following
+    this.entries = new Map(); // id -> the entry shown for it (reused while it shows the same)
     this.openMenu = null;
     // The end of the list: when it scrolls into view, the next page is asked for.
     this.more = el("li", { class: "more", "aria-hidden": "true" });
@@ -85,20 +86,42 @@ export class Sidebar {
     const focused = menu ? [...menu.children].indexOf(document.activeElement) : -1;
     this.closeMenu();
     const now = new Date();
-    const items = [];
+    const wanted = [];
+    const entries = new Map();
     let group = null;
     for (const conversation of this.conversations) {
       const name = groupOf(conversation.updated_at, now);
       if (name !== group) {
         group = name;
-        items.push(el("li", { class: "group", role: "presentation" }, name));
+        wanted.push(this.header(name));
       }
-      items.push(this.item(conversation));
+      const entry = this.entry(conversation);
+      entries.set(conversation.id, entry);
+      wanted.push(entry);
     }
-    if (!this.conversations.length) items.push(el("li", { class: "group empty-list" }, "No conversations"));
-    this.list.replaceChildren(...items, this.more);
-    const item = reopen && [...this.list.querySelectorAll(".conversation")].find((li) => li.dataset.id === reopen);
+    if (!this.conversations.length) wanted.push(el("li", { class: "group empty-list" }, "No conversations"));
+    wanted.push(this.more);
+    this.entries = entries;
+    place(this.list, wanted);
+    const item = reopen && entries.get(reopen);
     if (item) this.showMenu(item, item.querySelector(".menu-button"), this.find(reopen), focused);
+  }
+
+  /** The entry shown for `conversation` when nothing it shows changed, else a new one: a
+   * refresh (any conversation's feed event) then keeps the focus, the pointer's place
+   * and every reference to the entries it did not change. */
+  entry(conversation) {
+    const key = JSON.stringify([conversation.title, conversation.streaming || this.streaming.has(conversation.id)]);
+    const shown = this.entries.get(conversation.id);
+    if (shown && shown.dataset.key === key && shown.parentNode === this.list) return shown;
+    const item = this.item(conversation);
+    item.dataset.key = key;
+    return item;
+  }
+
+  header(name) {
+    const shown = [...this.list.children].find((li) => li.classList.contains("group") && li.textContent === name);
+    return shown && !shown.classList.contains("empty-list") ? shown : el("li", { class: "group", role: "presentation" }, name);
   }
 
   select(current) {
@@ -225,5 +248,26 @@ export class Sidebar {
     item.replaceChildren(input);
     input.focus();
     input.select();
+  }
+}
+
+/** Make `list`'s children `nodes`, in order, moving only the nodes out of place: a node
+ * left where it was keeps its focus (moving one takes it away). */
+function place(list, nodes) {
+  const wanted = new Set(nodes);
+  let at = list.firstChild;
+  for (const node of nodes) {
+    while (at && !wanted.has(at)) {
+      const next = at.nextSibling;
+      at.remove();
+      at = next;
+    }
+    if (node === at) at = at.nextSibling;
+    else list.insertBefore(node, at);
+  }
+  while (at) {
+    const next = at.nextSibling;
+    at.remove();
+    at = next;
   }
 }
