@@ -138,7 +138,11 @@ def key_group(message_id: str, groups: int = KEY_GROUPS) -> int:
 
 def stream_key(message_id: str, groups: int = KEY_GROUPS) -> str:
     """The log's key; ``{<group>}`` is its Redis Cluster hash tag."""
-    return f"{KEY_PREFIX}{{{key_group(message_id, groups)}}}:{message_id}"
+    return _grouped_key(key_group(message_id, groups), message_id)
+
+
+def _grouped_key(group: int, message_id: str) -> str:
+    return f"{KEY_PREFIX}{{{group}}}:{message_id}"
 
 
 def tombstone_key(message_id: str, groups: int = KEY_GROUPS) -> str:
@@ -307,21 +311,27 @@ class RedisStreamLog(StreamLog):
         for at, append in enumerate(batch):
             groups.setdefault(key_group(append[0], self.key_groups), []).append(at)
         calls = [[batch[at] for at in members] for members in groups.values()]
-        replies = await self._call_script([self._script_args(appends) for appends in calls])
+        replies = await self._call_script(
+            [
+                self._script_args(group, appends)
+                for group, appends in zip(groups, calls, strict=True)
+            ]
+        )
         results: list[Exception | None] = [None] * len(batch)
         for members, appends, reply in zip(groups.values(), calls, replies, strict=True):
             for at, error in zip(members, _errors(appends, reply, retry), strict=True):
                 results[at] = error
         return results
 
-    def _script_args(self, appends: list[_Append]) -> list[bytes]:
-        """``APPEND_SCRIPT``'s keys and arguments for ``appends`` (RESP bulk strings)."""
+    def _script_args(self, group: int, appends: list[_Append]) -> list[bytes]:
+        """``APPEND_SCRIPT``'s keys and arguments for ``appends``, all of key group
+        ``group`` (RESP bulk strings)."""
         keys: list[bytes] = []
         kinds: list[str] = []
         checks: list[str] = []
         entries: list[bytes] = []
         for message_id, events, _future, contiguous in appends:
-            key = _bulk(self._key(message_id).encode())
+            key = _bulk(_grouped_key(group, message_id).encode())
             checks.append("c" if contiguous else "-")
             if len(events) > 1:
                 checks.append("-" * (len(events) - 1))

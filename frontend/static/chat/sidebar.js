@@ -121,7 +121,7 @@ export class Sidebar {
 
   header(name) {
     const shown = [...this.list.children].find((li) => li.classList.contains("group") && li.textContent === name);
-    return shown && !shown.classList.contains("empty-list") ? shown : el("li", { class: "group", role: "presentation" }, name);
+    return shown ?? el("li", { class: "group", role: "presentation" }, name);
   }
 
   select(current) {
