@@ -152,14 +152,17 @@ class RedisControl(Control):
 def _settle(
     batch: list[tuple[bytes, asyncio.Future[None] | None]], error: Exception | None
 ) -> None:
-    """Tell a batch's waiters how its ``PUBLISH`` went; a posted message's failure is
-    logged (nobody waits for it)."""
+    """Tell a batch's waiters how its ``PUBLISH`` went. Posted messages have nobody to
+    tell, so a failed batch logs once how many of them it dropped: a Redis outage
+    during a burst is one line per batch, not one per message."""
+    dropped = 0
     for _message, sent in batch:
         if sent is None:
-            if error is not None:
-                log.warning("control message not sent: %s", error)
+            dropped += error is not None
         elif not sent.done():
             if error is None:
                 sent.set_result(None)
             else:
                 sent.set_exception(error)
+    if dropped:
+        log.warning("%d control message(s) not sent: %s", dropped, error)

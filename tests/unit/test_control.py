@@ -111,16 +111,18 @@ async def test_a_payload_that_is_not_controls_is_skipped(
         await control.stop()
 
 
-async def test_a_send_to_an_unreachable_redis_fails_and_a_post_is_logged(
+async def test_a_send_to_an_unreachable_redis_fails_and_posts_are_logged_once_a_batch(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A port nothing listens on (the listener is never started: only sends are tried).
     control = RedisControl(location="redis://127.0.0.1:1/0")
     try:
-        control.post("m1", {"type": "posted"})
+        for i in range(3):
+            control.post(f"p{i}", {"type": "posted"})
         with pytest.raises(RedisConnectionError):
             await asyncio.wait_for(control.send("m2", {"type": "sent"}), HANG)
-        assert "control message not sent" in caplog.text
+        lost = [r.getMessage() for r in caplog.records if "not sent" in r.getMessage()]
+        assert len(lost) == 1 and lost[0].startswith("3 control message(s) not sent"), lost
     finally:
         await control.stop()
 
