@@ -70,6 +70,8 @@ class StreamResult:
     closed_at: float = 0.0  # DISCONNECT / RESUME: when this client closed
     resumed_first_at: float = 0.0  # RESUME: the first replayed event arrived
     resume_started_at: float = 0.0
+    # RESUME: the engine's emit stamp of that event, when it has one (a delta)
+    resumed_first_emitted: float = 0.0
     tokens: int = 0
     frames: int = 0
     text: str = ""
@@ -263,6 +265,7 @@ async def _read_sse(
                 continue
             if after is not None and not result.resumed_first_at:
                 result.resumed_first_at = at
+                result.resumed_first_emitted = event.get("t") or 0.0
             if tracker.event(event, at):
                 async for _ in body:
                     pass
@@ -337,6 +340,7 @@ async def _read_ws(
                 raise RuntimeError(f"error frame: {frame}")
             if resumed and not result.resumed_first_at:
                 result.resumed_first_at = at
+                result.resumed_first_emitted = frame.get("t") or 0.0
             if tracker.event(frame, at):
                 ws.pending = batch[i + 1 :]
                 held.reusable = True
