@@ -8,6 +8,7 @@ one-step post (``streaming.transports.leanpost``).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from django.conf import settings
@@ -33,8 +34,70 @@ class InvalidBody(ValueError):
     """The body is not UTF-8 JSON; the message says which and where."""
 
 
+class InvalidJSON(ValueError):
+    """JSON text that is not JSON, or that holds what cannot be written back; the
+    message completes "the body ..." or "the frame ..."."""
+
+
+# What every encoder here (orjson for events and frames, PostgreSQL's jsonb for stored
+# params) can write back: orjson refuses integers beyond 64 bits and nesting deeper than
+# 254 levels, and jsonb refuses infinities. Anything decoded is held to this at the door,
+# so a value is refused with a 400 before anything is written, never after.
+MAX_DEPTH = 64
+LOWEST_INT, HIGHEST_INT = -(2**63), 2**64 - 1
+
+
+class _OutOfRange(ValueError):
+    pass
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _integer(text: str) -> int:
+    value = int(text)
+    if not LOWEST_INT <= value <= HIGHEST_INT:
+        raise _OutOfRange(f"integer {text[:40]} is outside -2^63..2^64-1")
+    return value
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _OutOfRange(f"number {text[:40]} is too large")
+    return value
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether ``value`` nests objects and arrays deeper than ``MAX_DEPTH`` levels."""
+    stack = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        children = current.values() if isinstance(current, dict) else current
+        if depth > MAX_DEPTH:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def decode_json(text: str) -> Any:
+    """Parse JSON text, strictly (no ``NaN``/``Infinity``), into values every encoder here
+    can write back (see ``MAX_DEPTH``), or raise ``InvalidJSON``. The one JSON parser for
+    what clients send: bodies and WebSocket frames."""
+    try:
+        value = json.loads(
+            text, parse_constant=_reject_constant, parse_int=_integer, parse_float=_float
+        )
+    except _OutOfRange as exc:
+        raise InvalidJSON(f"has a number out of range: {exc}") from None
+    except ValueError as exc:
+        raise InvalidJSON(f"is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidJSON(f"is nested deeper than {MAX_DEPTH} levels") from None
+    if isinstance(value, dict | list) and _too_deep(value):
+        raise InvalidJSON(f"is nested deeper than {MAX_DEPTH} levels")
+    return value
 
 
 def decode_json_body(raw: bytes) -> Any:
@@ -43,8 +106,6 @@ def decode_json_body(raw: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise InvalidBody(f"the request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except ValueError as exc:
-        raise InvalidBody(f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidBody("the request body is nested too deeply") from None
+        return decode_json(text)
+    except InvalidJSON as exc:
+        raise InvalidBody(f"the request body {exc}") from None

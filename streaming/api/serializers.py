@@ -125,16 +125,34 @@ class MessageSerializer(serializers.ModelSerializer):
         return representation.stream_urls(message, self._absolute())
 
 
-class SimulationSerializer(serializers.Serializer):
-    """Only while the simulated engine is active (``ENGINE_URL`` unset)."""
+class SimulatedToolCallSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    arguments = serializers.CharField(required=False, help_text="a string of JSON")
 
-    ttft_ms = serializers.FloatField(required=False)
-    tokens_per_second = serializers.FloatField(required=False)
-    length = serializers.IntegerField(required=False)
-    text = serializers.CharField(required=False)
-    error_after_tokens = serializers.IntegerField(required=False)
-    stall_after_tokens = serializers.IntegerField(required=False)
-    seed = serializers.IntegerField(required=False)
+
+def _simulation_fields() -> dict[str, serializers.Field]:
+    """The keys ``validate_simulation`` takes, with its bounds: the documented rules
+    are the enforced ones."""
+    numbers, integers, texts = params.simulation_keys()
+    fields: dict[str, serializers.Field] = {}
+    for key in numbers:
+        fields[key] = serializers.FloatField(required=False, min_value=0)
+    for key, (low, high) in integers.items():
+        fields[key] = serializers.IntegerField(required=False, min_value=low, max_value=high)
+    for key in texts:
+        fields[key] = serializers.CharField(required=False)
+    fields["tool_call"] = SimulatedToolCallSerializer(required=False)
+    return fields
+
+
+SimulationSerializer = type(
+    "SimulationSerializer",
+    (serializers.Serializer,),
+    {
+        "__doc__": "Only while the simulated engine is active (``ENGINE_URL`` unset).",
+        **_simulation_fields(),
+    },
+)
 
 
 def _number_field(spec: params.Number) -> serializers.Field:

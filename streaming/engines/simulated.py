@@ -146,16 +146,20 @@ REASONING = (
 )
 
 _PRETOKEN = re.compile(rb" ?[A-Za-z]+| ?[0-9]{1,3}| ?[\x80-\xff]+|\s+|[^\sA-Za-z0-9\x80-\xff]+")
-_FLOAT_KEYS = {"ttft_ms": False, "slow_start_ms": False, "tokens_per_second": True}  # True: > 0
-_INT_KEYS = {
-    "length": 1,
-    "reasoning_length": 1,
-    "error_after_tokens": 0,
-    "stall_after_tokens": 0,
-    "seed": None,
+FLOAT_KEYS = {"ttft_ms": False, "slow_start_ms": False, "tokens_per_second": True}  # True: > 0
+# Integer keys: (lowest, highest). Counts of tokens are bounded so that a stream stays
+# something the engine can make (``itertools.islice`` takes at most ``sys.maxsize``); the
+# seed is an int64, as a real engine's is.
+MAX_SIMULATED_TOKENS = 10**9
+INT_KEYS: dict[str, tuple[int, int]] = {
+    "length": (1, MAX_SIMULATED_TOKENS),
+    "reasoning_length": (1, MAX_SIMULATED_TOKENS),
+    "error_after_tokens": (0, MAX_SIMULATED_TOKENS),
+    "stall_after_tokens": (0, MAX_SIMULATED_TOKENS),
+    "seed": (-(2**63), 2**63 - 1),
 }
-_TEXT_KEYS = ("text", "reasoning")
-_KNOWN_KEYS = (*_FLOAT_KEYS, *_INT_KEYS, *_TEXT_KEYS, "tool_call")
+TEXT_KEYS = ("text", "reasoning")
+_KNOWN_KEYS = (*FLOAT_KEYS, *INT_KEYS, *TEXT_KEYS, "tool_call")
 
 
 class SimulationError(ValueError):
@@ -187,24 +191,24 @@ def validate_simulation(params: dict[str, Any]) -> dict[str, Any]:
         raise SimulationError(None, "must be an object")
     clean: dict[str, Any] = {}
     for key, value in params.items():
-        if key in _FLOAT_KEYS:
-            positive = _FLOAT_KEYS[key]
+        if key in FLOAT_KEYS:
+            positive = FLOAT_KEYS[key]
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise SimulationError(key, "must be a number")
             if not math.isfinite(value) or value < 0 or (positive and value == 0):
                 bound = "> 0" if positive else ">= 0"
                 raise SimulationError(key, f"must be a finite number {bound}")
             clean[key] = float(value)
-        elif key in _INT_KEYS:
-            low = _INT_KEYS[key]
+        elif key in INT_KEYS:
+            low, high = INT_KEYS[key]
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SimulationError(key, "must be an integer")
-            if low is not None and value < low:
-                raise SimulationError(key, f"must be >= {low}")
+            if not low <= value <= high:
+                raise SimulationError(key, f"must be an integer from {low} to {high}")
             clean[key] = value
         elif key == "tool_call":
             clean[key] = _validate_tool_call(value)
-        elif key in _TEXT_KEYS:
+        elif key in TEXT_KEYS:
             if not isinstance(value, str):
                 raise SimulationError(key, "must be a string")
             if not is_storable(value):
@@ -218,12 +222,12 @@ def validate_simulation(params: dict[str, Any]) -> dict[str, Any]:
 
 def _validate_tool_call(value: Any) -> dict[str, str]:
     if not isinstance(value, dict) or set(value) - {"name", "arguments"}:
-        raise ValueError('simulation.tool_call: must be {"name": ..., "arguments": ...}')
+        raise SimulationError("tool_call", 'must be {"name": ..., "arguments": ...}')
     name, arguments = value.get("name"), value.get("arguments", "{}")
     if not isinstance(name, str) or not name or not is_storable(name):
-        raise ValueError("simulation.tool_call.name: must be a non-empty string")
+        raise SimulationError("tool_call.name", "must be a non-empty string")
     if not isinstance(arguments, str) or not is_storable(arguments):
-        raise ValueError("simulation.tool_call.arguments: must be a string (of JSON)")
+        raise SimulationError("tool_call.arguments", "must be a string (of JSON)")
     return {"name": name, "arguments": arguments}
 
 

@@ -27,17 +27,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from typing import Any
 
 from streaming import selectors
 from streaming.auth import header
 from streaming.conf import streaming_settings
+from streaming.errors import error_bytes
 from streaming.metrics import ONE_STEP_POSTS
 from streaming.reading import MessageState
 from streaming.termination import Status
 from streaming.transports import eventstream, leanpost
 from streaming.transports.daphne import SendBuffer, frame_send
 from streaming.transports.sse import STREAM_HEADERS, send_events
+
+log = logging.getLogger(__name__)
 
 EVENT_STREAM = "text/event-stream"
 # Django's headers that describe its JSON body or the resource, not the stream that
@@ -97,7 +101,14 @@ class OneStepAnswers:
         if not wants_stream(scope):
             return await self.django(scope, receive, send)
         if self.lean:
-            lean = await self._create_lean(scope, receive, send)
+            try:
+                lean = await self._create_lean(scope, receive, send)
+            except Exception:
+                # Nothing was sent yet (``_open`` encodes before it sends): the error is
+                # answered as the REST API answers one, in its JSON shape.
+                log.exception("one-step post failed")
+                await _server_error(send)
+                return
             if isinstance(lean, MessageState):
                 await self._stream(lean, receive, send)
                 return
@@ -180,12 +191,20 @@ class OneStepAnswers:
 
 async def _open(send: Any, created: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> None:
     """The stream's head, with what of the 201's ``headers`` is kept, and its ``created``
-    event (the 201's body)."""
+    event (the 201's body). The event is encoded before anything is sent: a failure then
+    is the server's error answer, not a stream that never says what it created."""
     kept = [(k, v) for k, v in headers if k.lower() not in BODY_HEADERS]
-    await send({"type": "http.response.start", "status": 200, "headers": [*STREAM_HEADERS, *kept]})
     opening = eventstream.retry(streaming_settings.RETRY_MS)
     opening += eventstream.named("created", created)
+    await send({"type": "http.response.start", "status": 200, "headers": [*STREAM_HEADERS, *kept]})
     await send({"type": "http.response.body", "body": opening, "more_body": True})
+
+
+async def _server_error(send: Any) -> None:
+    body = error_bytes(500, "server_error", "internal server error")
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": 500, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _disconnected(receive: Any) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
@@ -28,6 +27,7 @@ from streaming.auth import authenticate, user_for_token
 from streaming.conf import streaming_settings
 from streaming.errors import ServiceError, describe
 from streaming.feed import Listener
+from streaming.jsonbody import InvalidJSON, decode_json
 from streaming.logcontext import stream_context
 from streaming.reading import MessageState, SlowConsumer, Subscription, has_more, parse_cursor
 from streaming.services import (
@@ -141,11 +141,9 @@ class ChatConsumer(LoopWebsocketConsumer):
         if len(text_data) > limit:
             raise FrameError("frame_too_large", f"frames are limited to {limit} chars")
         try:
-            frame = json.loads(text_data)
-        except ValueError:
-            raise FrameError("invalid_json", "the frame is not valid JSON") from None
-        except RecursionError:
-            raise FrameError("invalid_json", "the frame is nested too deeply") from None
+            frame = decode_json(text_data)
+        except InvalidJSON as exc:
+            raise FrameError("invalid_json", f"the frame {exc}") from None
         if not isinstance(frame, dict):
             raise FrameError("invalid_frame", "a frame must be a JSON object")
         return frame

@@ -1,0 +1,58 @@
+"""The one parser of what clients send: what it takes is what every encoder here can
+write back (orjson: 64-bit integers, 254 levels; jsonb: no infinities)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from streaming.jsonbody import (
+    HIGHEST_INT,
+    LOWEST_INT,
+    MAX_DEPTH,
+    InvalidBody,
+    InvalidJSON,
+    decode_json,
+    decode_json_body,
+)
+
+
+def deep(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+@pytest.mark.parametrize("value", [LOWEST_INT, HIGHEST_INT, 0, 1.5, -1e300])
+def test_numbers_in_range_are_taken_and_written_back(value: float) -> None:
+    decoded = decode_json(f'{{"x": {value}}}')
+    assert decoded == {"x": value}
+    assert orjson.loads(orjson.dumps(decoded)) == decoded
+
+
+@pytest.mark.parametrize("text", [str(LOWEST_INT - 1), str(HIGHEST_INT + 1), "1e400", "-1e400"])
+def test_numbers_out_of_range_are_refused(text: str) -> None:
+    with pytest.raises(InvalidJSON, match="out of range"):
+        decode_json(f'{{"x": [{text}]}}')
+
+
+def test_nesting_up_to_the_bound_is_taken_and_deeper_is_refused() -> None:
+    assert orjson.dumps({"wrapped": {"twice": decode_json(deep(MAX_DEPTH))}})
+    for levels in (MAX_DEPTH + 1, 100_000):
+        with pytest.raises(InvalidJSON, match="nested deeper"):
+            decode_json(deep(levels))
+    with pytest.raises(InvalidJSON, match="nested deeper"):
+        decode_json('{"a": ' * (MAX_DEPTH + 1) + "1" + "}" * (MAX_DEPTH + 1))
+
+
+@pytest.mark.parametrize("text", ["NaN", "Infinity", "-Infinity", "{", "[1,]"])
+def test_what_is_not_json_is_refused(text: str) -> None:
+    with pytest.raises(InvalidJSON, match="not valid JSON"):
+        decode_json(text)
+
+
+def test_a_body_says_what_is_wrong_with_it() -> None:
+    with pytest.raises(InvalidBody, match="^the request body is not valid UTF-8"):
+        decode_json_body(b'"\xff"')
+    with pytest.raises(InvalidBody, match="^the request body has a number out of range"):
+        decode_json_body(b"[1e999]")
+    with pytest.raises(InvalidBody, match="^the request body is nested deeper than"):
+        decode_json_body(deep(MAX_DEPTH + 1).encode())
