@@ -34,8 +34,10 @@ from streaming.api.serializers import (
     RegenerateSerializer,
     RegenerationSerializer,
 )
+from streaming.errors import InvalidParams
 from streaming.jsonbody import body_limit, declared_length, too_large_detail
 from streaming.models import Conversation, Message
+from streaming.storable import UNSTORABLE, is_storable
 
 ERRORS = {
     400: OpenApiResponse(ErrorSerializer, description="invalid request; `field` names it"),
@@ -92,6 +94,9 @@ class ConversationList(JSONView, generics.ListCreateAPIView):
 
     def get_queryset(self) -> QuerySet[Conversation]:
         search = self.request.query_params.get("search", "").strip()
+        if not is_storable(search):
+            # No title holds one, and PostgreSQL refuses NUL in any text it is given.
+            raise InvalidParams(UNSTORABLE, field="search")
         return selectors.conversations_of(self.request.user, search[:200])
 
     def perform_create(self, serializer: BaseSerializer[Any]) -> None:

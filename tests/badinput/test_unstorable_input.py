@@ -27,6 +27,10 @@ def test_rest_refuses_unstorable_text_naming_the_field(daphne, account):
             response = api.post(url, content=raw, headers={"content-type": "application/json"})
             assert_error(response, 400, field=field)
         assert api.get(f"{url}").json()["count"] == 0
+        for search in ("%00", "a%00b"):
+            found = api.get(f"/api/conversations/?search={search}")
+            assert_error(found, 400, "invalid_params", field="search")
+        assert api.get("/api/conversations/?search=a").status_code == 200
 
 
 def test_openai_refuses_unstorable_content_and_odd_roles_and_keeps_nothing(daphne, account):

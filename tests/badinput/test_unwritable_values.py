@@ -28,6 +28,7 @@ def tool(parameters: Any) -> list[dict[str, Any]]:
     return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
 
 
+TOOL_CALL = "params.simulation.tool_call"
 # (params, the 400's code, the field it names or None for the whole body)
 REFUSED = [
     ({"simulation": {"seed": 2**70}}, "invalid_body", None),
@@ -35,8 +36,8 @@ REFUSED = [
     ({"tools": tool({"type": "object", "minimum": -(2**63) - 1})}, "invalid_body", None),
     ({"temperature": 1e400}, "invalid_body", None),
     ({"tools": tool(nested(80))}, "invalid_body", None),
-    ({"simulation": {"tool_call": "x"}}, "invalid_params", "params.simulation.tool_call"),
-    ({"simulation": {"tool_call": {"name": 5}}}, "invalid_params", "params.simulation.tool_call.name"),
+    ({"simulation": {"tool_call": "x"}}, "invalid_params", TOOL_CALL),
+    ({"simulation": {"tool_call": {"name": 5}}}, "invalid_params", f"{TOOL_CALL}.name"),
     ({"simulation": {"length": 2**40}}, "invalid_params", "params.simulation.length"),
     ({"simulation": {"seed": 2**63}}, "invalid_params", "params.simulation.seed"),
 ]  # fmt: skip

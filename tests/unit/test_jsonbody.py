@@ -50,9 +50,9 @@ def test_what_is_not_json_is_refused(text: str) -> None:
 
 
 def test_a_body_says_what_is_wrong_with_it() -> None:
-    with pytest.raises(InvalidBody, match="^the request body is not valid UTF-8"):
+    with pytest.raises(InvalidBody, match=r"^the request body is not valid UTF-8"):
         decode_json_body(b'"\xff"')
-    with pytest.raises(InvalidBody, match="^the request body has a number out of range"):
+    with pytest.raises(InvalidBody, match=r"^the request body has a number out of range"):
         decode_json_body(b"[1e999]")
-    with pytest.raises(InvalidBody, match="^the request body is nested deeper than"):
+    with pytest.raises(InvalidBody, match=r"^the request body is nested deeper than"):
         decode_json_body(deep(MAX_DEPTH + 1).encode())
