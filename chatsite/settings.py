@@ -215,6 +215,11 @@ SPECTACULAR_SETTINGS = {
 # ENGINE_URL (with ENGINE_MODEL, ENGINE_API_KEY, ENGINE_CONNECT_TIMEOUT) the vLLM engine.
 # A deployment may instead write the dict itself, naming any backend by its path.
 STREAMING = from_environ()
+if not REDIS_URL:
+    # In-memory control reaches only this process, so a token replaced or a user changed
+    # by another one (`manage.py drf_create_token -r`) could not be dropped from this
+    # process's token cache: the embedded defaults keep none unless told to.
+    STREAMING.setdefault("TOKEN_CACHE_SECONDS", 0.0)
 
 # --- limits -----------------------------------------------------------------------------
 MAX_TOKENS_CAP = env_int("MAX_TOKENS_CAP", 4096)

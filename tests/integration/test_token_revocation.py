@@ -53,3 +53,15 @@ def test_a_deleted_token_is_refused_by_every_process(daphne, account, needs_redi
     finally:
         for client in clients:
             client.close()
+
+
+def test_without_redis_a_token_replaced_elsewhere_is_refused_at_once(daphne, account):
+    """On the embedded defaults, control reaches only the server's own process: a change
+    made by another one (here the test's, as `manage.py drf_create_token -r` would) is
+    never told to it, so it keeps no token to go stale."""
+    server = daphne(REDIS_URL=None)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for _ in range(2):  # a cache would serve the second
+            assert client.get("/api/conversations/", headers=auth(account.token)).status_code == 200
+        Token.objects.filter(key=account.token).delete()
+        assert client.get("/api/conversations/", headers=auth(account.token)).status_code == 401
