@@ -296,6 +296,7 @@ def _create_exchange(
             tree = History(conversation.id)
             history = tree.path(parent_id)
             siblings_before = [] if prior else tree.children(parent_id)
+        _check_tool_results(history, [*prior, asked])
         earlier: list[Message] = []
         for turn in prior:
             earlier.append(
@@ -337,6 +338,26 @@ def _create_exchange(
             str(assistant.id): [str(assistant.id)],
         }
     return user_message, assistant, plan, siblings
+
+
+def _check_tool_results(history: list[Message], turns: list[ChatTurn]) -> None:
+    """Each tool result in ``turns`` answers a call made before it: by an earlier turn, or
+    by a message of ``history`` (the stored path the turns join). A result of no call is
+    refused, in OpenAI's words, as OpenAI refuses it: a prompt holding an answer to no
+    call is malformed for a model's chat template, and once stored it would be in every
+    later prompt of the conversation. ``turns`` are numbered as the OpenAI endpoint's
+    ``messages`` (the earlier turns, then the new one)."""
+    if all(turn.role != Message.Role.TOOL for turn in turns):
+        return  # a question: no walk of the path on the common post
+    called = {call.get("id") for message in history for call in message.tool_calls or ()}
+    for index, turn in enumerate(turns):
+        if turn.role == Message.Role.TOOL and turn.tool_call_id not in called:
+            raise InvalidParams(
+                "messages with role 'tool' must be a response to a preceding message with "
+                "'tool_calls'",
+                field=f"messages[{index}].tool_call_id",
+            )
+        called.update(call.get("id") for call in turn.tool_calls)
 
 
 def _validate_content(content: Any) -> str:

@@ -2,18 +2,23 @@
 
 ``parse_request`` turns a ``POST /v1/chat/completions`` body into what
 ``services.post_message`` takes (earlier turns, the new user message, our generation
-params), naming the offending field on any error. ``ChunkStream`` renders a message's
-events as ``chat.completion.chunk`` frames: a role chunk at ``start``, one content chunk
-per merged delta (a ``reasoning`` chunk per merged reasoning event, as vLLM's reasoning
-parsers send them), the finish chunk (and the usage chunk when asked) at ``done``, then
-``data: [DONE]``; an engine error goes in-band as ``data: {"error": {...}}`` before
-``[DONE]``, as vLLM and OpenAI do. ``completion`` builds the non-streaming answer.
+params), naming the offending field as the caller spelled it on any error, and refuses
+every key it would not honour (``KNOWN``) rather than answer as if it were absent.
+``ChunkStream`` renders a message's events as ``chat.completion.chunk`` frames: a role
+chunk at ``start``, one content chunk per merged delta (a ``reasoning`` chunk per merged
+reasoning event, as vLLM's reasoning parsers send them), the finish chunk (and the usage
+chunk when asked) at ``done``, then ``data: [DONE]``; an engine error goes in-band as
+``data: {"error": {...}}`` before ``[DONE]``, as vLLM and OpenAI do. ``completion``
+builds the non-streaming answer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from typing import Any
+
+from django.conf import settings
 
 from streaming import events
 from streaming.engines.base import ChatTurn
@@ -29,19 +34,65 @@ ROLES = {
     "assistant": "assistant",
     "tool": "tool",
 }
-# Our generation params, under their OpenAI names (``max_completion_tokens`` wins).
+# What this server does with each top-level key of OpenAI's chat-completions request (the
+# openai SDK's ``CompletionCreateParams``), and with ``simulation``, its own. A key named
+# nowhere here is refused: a caller sending it means something by it, and an answer that
+# silently ignored it would answer something else.
+#
+# Honoured: passed on as our generation params under these names (``max_completion_tokens``
+# or ``max_tokens``, see ``_max_tokens``), or read here (``model``, ``messages``, ``n``,
+# ``stream``, ``stream_options``).
 PASSED_PARAMS = ("temperature", "top_p", "stop", "seed", "tools", "tool_choice", "simulation")
-UNSUPPORTED = ("functions", "function_call", "logprobs")
-# OpenAI parameters no engine here honours, accepted only at the value that means "as if
-# absent" (what many clients send by default); any other value is refused naming it, since
-# answering while ignoring it would answer a different question.
+HONOURED = (
+    "model",
+    "messages",
+    "max_completion_tokens",
+    "max_tokens",
+    "n",
+    "stream",
+    "stream_options",
+    *PASSED_PARAMS,
+)
+# Ignored, because they cannot change the answer (bookkeeping, caching, billing, a latency
+# hint) and SDKs and frameworks send them: accepted when of OpenAI's JSON type.
+IGNORED: dict[str, tuple[type, str]] = {
+    "user": (str, "must be a string"),
+    "safety_identifier": (str, "must be a string"),
+    "metadata": (dict, "must be an object"),
+    "store": (bool, "must be a boolean"),
+    "service_tier": (str, "must be a string"),
+    "prompt_cache_key": (str, "must be a string"),
+    "prompt_cache_retention": (str, "must be a string"),
+    "prompt_cache_options": (dict, "must be an object"),
+    "prediction": (dict, "must be an object"),
+}
+# Not honoured by any engine here, accepted only at the values that mean "as if absent"
+# (what many clients send by default; none: refused whenever set); any other value is
+# refused naming the key. A null always counts as absent.
 DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
+    "functions": ([],),
+    "function_call": (),
+    "logprobs": (False,),
+    "top_logprobs": (),
+    "logit_bias": ({},),
     "frequency_penalty": (0,),
     "presence_penalty": (0,),
     "response_format": ({"type": "text"},),
     "reasoning_effort": (),
-    "metadata": ({},),
+    "verbosity": (),
+    "modalities": (["text"],),
+    "audio": (),
+    "web_search_options": (),
+    "moderation": (),
+    "parallel_tool_calls": (True,),
 }
+KNOWN = frozenset((*HONOURED, *IGNORED, *DEFAULT_ONLY))
+# ``stream_options``: ``include_usage`` is honoured; ``include_obfuscation`` (padding
+# against a side channel OpenAI's network has) cannot change the answer.
+STREAM_OPTIONS = frozenset(("include_usage", "include_obfuscation"))
+# The integer fields honoured: a JSON ``true`` or ``1.0`` is not an integer, though Python
+# compares them equal to one.
+INTEGERS = ("max_completion_tokens", "max_tokens", "n", "seed")
 
 FINISH_REASONS = {
     Status.COMPLETE.value: "stop",
@@ -60,6 +111,7 @@ OPENAI_TYPES = {
     405: "invalid_request_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
 }
 
@@ -78,18 +130,21 @@ def error_document(
     return document
 
 
-def service_error_document(exc: ServiceError, last_index: int | None) -> dict[str, Any]:
-    return error_document(exc.status, exc.code, exc.message, openai_field(exc.field, last_index))
+def service_error_document(exc: ServiceError, request: CompletionRequest | None) -> dict[str, Any]:
+    return error_document(exc.status, exc.code, exc.message, openai_field(exc.field, request))
 
 
-def openai_field(name: str | None, last_index: int | None) -> str | None:
-    """Our field names as the caller spelled them: ``params.top_p`` -> ``top_p``."""
+def openai_field(name: str | None, request: CompletionRequest | None) -> str | None:
+    """Our field names as the caller spelled them: ``params.top_p`` -> ``top_p``,
+    ``params.max_tokens`` -> ``max_completion_tokens`` when that is what was sent, the
+    new message's ``content`` -> ``messages[<its index>].content``."""
     if name is None:
         return None
     if name.startswith("params."):
-        return name[len("params.") :]
-    if name == "content" and last_index is not None:
-        return f"messages[{last_index}].content"
+        name = name[len("params.") :]
+        return request.spelled.get(name, name) if request is not None else name
+    if name == "content" and request is not None:
+        return f"messages[{request.last_index}].content"
     return name
 
 
@@ -106,10 +161,18 @@ class CompletionRequest:
     include_usage: bool = False
     last_index: int = 0
     tool_call_id: str = ""
+    # Our param name -> the caller's, where they differ (``max_tokens`` sent as
+    # ``max_completion_tokens``), so an error names what the caller sent.
+    spelled: dict[str, str] = field(default_factory=dict)
 
 
 def _text(content: Any, where: str) -> str:
+    """Every message's text is held to what a posted message is (``MAX_MESSAGE_CHARS``,
+    storable): each is stored as a message of the conversation and sent in every later
+    prompt of it, whichever turn it is."""
     text = _joined(content, where)
+    if len(text) > settings.MAX_MESSAGE_CHARS:
+        raise InvalidParams(f"is longer than {settings.MAX_MESSAGE_CHARS} characters", field=where)
     if not is_storable(text):
         raise InvalidParams(UNSTORABLE, field=where)
     return text
@@ -132,22 +195,83 @@ def _joined(content: Any, where: str) -> str:
     raise InvalidParams("must be a string or a list of text parts", field=where)
 
 
-def _flag(body: dict[str, Any], name: str) -> bool:
+def _flag(body: dict[str, Any], name: str, where: str | None = None) -> bool:
     value = body.get(name)
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise InvalidParams("must be a boolean", field=name)
+        raise InvalidParams("must be a boolean", field=where or name)
     return value
 
 
 def _same(value: Any, default: Any) -> bool:
-    """``value`` is ``default`` as JSON means it (``0`` and ``0.0``, never ``false``)."""
-    return type(value) is not bool and value == default
+    """``value`` is ``default`` as JSON means it: ``0`` and ``0.0`` are, ``false`` and
+    ``0`` are not."""
+    return (type(value) is bool) == (type(default) is bool) and value == default
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _unrecognized(names: list[str], where: str = "") -> InvalidParams:
+    """OpenAI's wording, so a caller's error handling (and searching) finds it."""
+    spelled = [f"{where}{name}" for name in names]
+    plural = "s" if len(spelled) > 1 else ""
+    message = f"Unrecognized request argument{plural} supplied: {', '.join(spelled)}"
+    return InvalidParams(message, field=spelled[0])
+
+
+def _check_keys(body: dict[str, Any]) -> None:
+    """Refuse what would make the answer other than what was asked for (see ``KNOWN``)."""
+    unknown = sorted(set(body) - KNOWN)
+    if unknown:
+        raise _unrecognized(unknown)
+    for name, defaults in DEFAULT_ONLY.items():
+        if body.get(name) is not None and not any(_same(body[name], d) for d in defaults):
+            accepted = f" (only {_json(defaults[0])} is accepted)" if defaults else ""
+            raise InvalidParams(f"is not supported by this server{accepted}", field=name)
+    for name, (kind, wanted) in IGNORED.items():
+        if body.get(name) is not None and not isinstance(body[name], kind):
+            raise InvalidParams(wanted, field=name)
+    for name in INTEGERS:
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidParams("must be an integer", field=name)
+    if body.get("n") not in (None, 1):
+        raise InvalidParams("only n=1 is supported", field="n")
+
+
+def _max_tokens(body: dict[str, Any]) -> tuple[Any, str]:
+    """The answer's token budget and the name it was sent under: ``max_completion_tokens``
+    (OpenAI's current name) wins over ``max_tokens`` (its deprecated one); a null is absent,
+    as a client that sets every field it knows sends the one it does not use as null."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        if body.get(name) is not None:
+            return body[name], name
+    return None, ""
+
+
+def _stream_options(body: dict[str, Any], stream: bool) -> bool:
+    """Whether the stream ends with a usage chunk."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise InvalidParams("is only allowed with stream=true", field="stream_options")
+    if not isinstance(options, dict):
+        raise InvalidParams("must be an object", field="stream_options")
+    unknown = sorted(set(options) - STREAM_OPTIONS)
+    if unknown:
+        raise _unrecognized(unknown, "stream_options.")
+    _flag(options, "include_obfuscation", "stream_options.include_obfuscation")
+    return _flag(options, "include_usage", "stream_options.include_usage")
 
 
 def parse_request(body: Any, served: set[str]) -> CompletionRequest:
-    """Validate a chat-completions body; raises ``ServiceError``s naming the field."""
+    """Validate a chat-completions body; raises ``ServiceError``s naming the field as the
+    caller spelled it. Whether each ``tool`` message answers a call made before it is
+    the service's to check (a continued conversation's stored calls count)."""
     if not isinstance(body, dict):
         raise InvalidParams("must be a JSON object", field="body")
     model = body.get("model")
@@ -155,15 +279,7 @@ def parse_request(body: Any, served: set[str]) -> CompletionRequest:
         raise InvalidParams("must be a non-empty string", field="model")
     if model not in served:
         raise ModelNotFound(f"the model `{model}` does not exist", field="model")
-    for name in UNSUPPORTED:
-        if body.get(name):
-            raise InvalidParams("is not supported by this server", field=name)
-    for name, defaults in DEFAULT_ONLY.items():
-        if body.get(name) is not None and not any(_same(body[name], d) for d in defaults):
-            accepted = f" (only {defaults[0]!r} is accepted)" if defaults else ""
-            raise InvalidParams(f"is not supported by this server{accepted}", field=name)
-    if body.get("n") not in (None, 1):
-        raise InvalidParams("only n=1 is supported", field="n")
+    _check_keys(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidParams("must be a non-empty list of messages", field="messages")
@@ -185,18 +301,13 @@ def parse_request(body: Any, served: set[str]) -> CompletionRequest:
             field=f"messages[{last}].role",
         )
     stream = _flag(body, "stream")
-    options = body.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not stream:
-            raise InvalidParams("is only allowed with stream=true", field="stream_options")
-        if not isinstance(options, dict):
-            raise InvalidParams("must be an object", field="stream_options")
-        include_usage = _flag(options, "include_usage")
+    include_usage = _stream_options(body, stream)
     params: dict[str, Any] = {k: body[k] for k in PASSED_PARAMS if body.get(k) is not None}
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    spelled: dict[str, str] = {}
+    max_tokens, name = _max_tokens(body)
     if max_tokens is not None:
         params["max_tokens"] = max_tokens
+        spelled["max_tokens"] = name
     return CompletionRequest(
         model=model,
         prior=turns[:last],
@@ -206,6 +317,7 @@ def parse_request(body: Any, served: set[str]) -> CompletionRequest:
         include_usage=include_usage,
         last_index=last,
         tool_call_id=turns[last].tool_call_id,
+        spelled=spelled,
     )
 
 

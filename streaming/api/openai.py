@@ -49,6 +49,16 @@ JSON = (b"content-type", b"application/json")
 UNAUTHENTICATED = "a valid `Authorization: Bearer <API token>` header is required"
 
 
+def media_type_of(content_type: str | None) -> str:
+    """The media type a ``Content-Type`` declares, lowercased (``""`` for none)."""
+    return (content_type or "").partition(";")[0].strip().lower()
+
+
+def unsupported_detail(media_type: str) -> str:
+    declared = f'"{media_type}"' if media_type else "no media type"
+    return f"unsupported media type {declared}: send the body as application/json"
+
+
 class OpenAIConsumer(TaskedHttpConsumer):
     """Shared parts: the body limit, Bearer authentication and the error answers."""
 
@@ -148,6 +158,12 @@ class ChatCompletionsConsumer(OpenAIConsumer):
     method = "POST"
 
     async def respond(self, user: Any, body: bytes) -> None:
+        # Read as JSON only a body that says it is, as the REST API does: a body sent as
+        # form data or text is a client's mistake, better named than guessed at.
+        media_type = media_type_of(header(self.scope, b"content-type"))
+        if media_type != "application/json":
+            await self.error(415, "unsupported_media_type", unsupported_detail(media_type))
+            return
         try:
             document = decode_json_body(body)
         except InvalidBody as exc:
@@ -159,8 +175,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
             exchange = await self.post(user, request)
         except ServiceError as exc:
             headers = [(k.lower().encode(), v.encode()) for k, v in headers_of(exc).items()]
-            last = request.last_index if request is not None else None
-            await self.reply(exc.status, service_error_document(exc, last), headers)
+            await self.reply(exc.status, service_error_document(exc, request), headers)
             return
         message = exchange.assistant_message
         message_id = str(message.id)

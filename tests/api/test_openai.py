@@ -193,7 +193,9 @@ def test_errors_are_openai_shaped_and_name_the_field(daphne, account):
         ({"presence_penalty": -1}, "presence_penalty"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"reasoning_effort": "high"}, "reasoning_effort"),
-        ({"metadata": {"team": "a"}}, "metadata"),
+        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+        ({"max_completion_tokens": 5000}, "max_completion_tokens"),
+        ({"extra_body": {"top_k": 5}}, "top_k"),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": "  "}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": image}]}, "messages[0].content[0]"),
@@ -238,14 +240,16 @@ def test_models_retrieve_and_default_valued_parameters(daphne, account):
     assert missing.value.body["code"] == "model_not_found"
     assert "org/other-model" in str(missing.value)
 
-    # The values that mean "as if absent" (what many clients send) are accepted.
+    # The values that mean "as if absent" (what many clients send) are accepted, and so
+    # is bookkeeping that cannot change the answer.
     answer = ai.chat.completions.create(
         model="simulated",
         messages=[{"role": "user", "content": "defaults"}],
         frequency_penalty=0,
         presence_penalty=0.0,
         response_format={"type": "text"},
-        metadata={},
+        metadata={"team": "a"},
+        user="end-user-1",
         extra_body={"simulation": {"text": "ok", **FAST}},
     )
     assert answer.choices[0].message.content == "ok"
