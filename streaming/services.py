@@ -296,6 +296,7 @@ def _create_exchange(
             tree = History(conversation.id)
             history = tree.path(parent_id)
             siblings_before = [] if prior else tree.children(parent_id)
+            _refuse_following_a_stream(history)
         _check_tool_results(history, [*prior, asked])
         earlier: list[Message] = []
         for turn in prior:
@@ -338,6 +339,17 @@ def _create_exchange(
             str(assistant.id): [str(assistant.id)],
         }
     return user_message, assistant, plan, siblings
+
+
+def _refuse_following_a_stream(history: list[Message]) -> None:
+    """409 while the message a new one would follow is an answer still streaming: its
+    text is not known yet, so the new answer's prompt would lack what the conversation
+    shows above it (the chat page's Send waits for the end, as Stop is offered)."""
+    if history and history[-1].status == Status.STREAMING:
+        raise Conflict(
+            "the answer above is still streaming; wait for its end or stop it "
+            f"(POST /api/messages/{history[-1].id}/cancel/) first"
+        )
 
 
 def _check_tool_results(history: list[Message], turns: list[ChatTurn]) -> None:
@@ -562,20 +574,34 @@ def _refuse_streaming_branch(message: Message, what: str) -> None:
         )
 
 
+def _regeneration_params(old: Message, raw_params: Any) -> tuple[str, dict[str, Any]]:
+    """The model and parameters of a new answer beside ``old``, or the refusal that
+    holds whatever streams (the wrong role, nothing to answer, bad parameters)."""
+    if old.role != Message.Role.ASSISTANT:
+        raise WrongRole("only an answer (an assistant message) can be regenerated")
+    if old.parent_id is None:
+        raise Conflict("this answer follows no message, so there is nothing to answer again")
+    # The model that gave the old answer gives the new one.
+    model = old.model or old.conversation.model or get_runtime().engine.model
+    params = old.params if raw_params is None else clean_params(raw_params, model)
+    return model, params
+
+
+def check_regeneration(user: Any, message_id: Any, raw_params: Any = None) -> None:
+    """Refuse now what ``regenerate`` would refuse whatever streams: a caller that stops
+    the branch first (``"stop": true``) must not end an answer for a request refused
+    after."""
+    _regeneration_params(message_for(user, message_id), raw_params)
+
+
 def _create_regeneration(
     user: Any, message_id: Any, raw_params: Any
 ) -> tuple[Message, SegmentPlan, dict[str, list[str]]]:
     with transaction.atomic():
         old = message_for(user, message_id, lock=True)
-        if old.role != Message.Role.ASSISTANT:
-            raise WrongRole("only an answer (an assistant message) can be regenerated")
-        if old.parent_id is None:
-            raise Conflict("this answer follows no message, so there is nothing to answer again")
+        model, params = _regeneration_params(old, raw_params)
         _refuse_streaming_branch(old, "regenerate it")
         conversation = old.conversation
-        # The model that gave the old answer gives the new one.
-        model = old.model or conversation.model or get_runtime().engine.model
-        params = old.params if raw_params is None else clean_params(raw_params, model)
         _check_capacity(user)
         tree = History(conversation.id)
         assistant, plan = _start_answer(
@@ -595,18 +621,36 @@ def regenerate(user: Any, message_id: Any, raw_params: Any = None) -> Exchange:
     return Exchange(None, assistant, get_runtime().launch_threadsafe(plan), siblings)
 
 
+def _edit_params(old: Message, raw_params: Any, model: str) -> tuple[str, dict[str, Any]]:
+    """The model and parameters of the answer to an edit of ``old``, or the refusal that
+    holds whatever streams. ``model`` was checked (``check_model``); by default the
+    conversation's answers."""
+    if old.role != Message.Role.USER:
+        raise WrongRole("only a question (a user message) can be edited")
+    model = model or old.conversation.model or get_runtime().engine.model
+    return model, clean_params(raw_params, model)
+
+
+def check_edit(
+    user: Any, message_id: Any, content: Any, raw_params: Any = None, model: Any = ""
+) -> None:
+    """Refuse now what ``edit`` would refuse whatever streams (see ``check_regeneration``)."""
+    _validate_content(content)
+    model = check_model(model)
+    clean_params(raw_params, model)
+    _edit_params(message_for(user, message_id), raw_params, model)
+
+
 def _create_edit(
-    user: Any, message_id: Any, content: str, params: dict[str, Any]
+    user: Any, message_id: Any, content: str, raw_params: Any, model: str
 ) -> tuple[Message, Message, SegmentPlan, dict[str, list[str]]]:
     with transaction.atomic():
         old = message_for(user, message_id, lock=True)
-        if old.role != Message.Role.USER:
-            raise WrongRole("only a question (a user message) can be edited")
+        model, params = _edit_params(old, raw_params, model)
         _refuse_streaming_branch(old, "edit it")
         _check_capacity(user)
         conversation = old.conversation
         question = _ask(conversation, old.parent_id, content)
-        model = conversation.model or get_runtime().engine.model
         tree = History(conversation.id)
         assistant, plan = _start_answer(
             user,
@@ -625,32 +669,46 @@ def _create_edit(
     return question, assistant, plan, siblings
 
 
-def edit(user: Any, message_id: Any, content: Any, raw_params: Any = None) -> Exchange:
+def edit(
+    user: Any, message_id: Any, content: Any, raw_params: Any = None, model: Any = ""
+) -> Exchange:
     """A new question beside a question (a sibling) and its streaming answer, made the
-    conversation's current branch; the old question and everything below it stay."""
+    conversation's current branch; the old question and everything below it stay.
+    ``model``: the model that answers (checked; by default the conversation's)."""
     _accepting()
     content = _validate_content(content)
-    params = clean_params(raw_params)
-    question, assistant, plan, siblings = _create_edit(user, message_id, content, params)
+    model = check_model(model)
+    clean_params(raw_params, model)  # a bad parameter is reported before a bad id
+    question, assistant, plan, siblings = _create_edit(user, message_id, content, raw_params, model)
     return Exchange(question, assistant, get_runtime().launch_threadsafe(plan), siblings)
 
 
 async def regenerate_message(
     user: Any, message_id: Any, raw_params: Any = None, *, stop: bool = False
 ) -> Exchange:
-    """``regenerate`` for async callers; ``stop``: stop the old answer first."""
+    """``regenerate`` for async callers; ``stop``: stop the old answer first, once the
+    request is known not to be refused."""
     if stop:
+        await database.run(check_regeneration, user, message_id, raw_params)
         await stop_branch(user, message_id)
     return await database.run(regenerate, user, message_id, raw_params)
 
 
 async def edit_message(
-    user: Any, message_id: Any, content: Any, raw_params: Any = None, *, stop: bool = False
+    user: Any,
+    message_id: Any,
+    content: Any,
+    raw_params: Any = None,
+    *,
+    model: Any = "",
+    stop: bool = False,
 ) -> Exchange:
-    """``edit`` for async callers; ``stop``: stop the branch below the question first."""
+    """``edit`` for async callers; ``stop``: stop the branch below the question first,
+    once the request is known not to be refused."""
     if stop:
+        await database.run(check_edit, user, message_id, content, raw_params, model)
         await stop_branch(user, message_id)
-    return await database.run(edit, user, message_id, content, raw_params)
+    return await database.run(edit, user, message_id, content, raw_params, model)
 
 
 def _streaming_below(user: Any, message_id: Any) -> list[str]:

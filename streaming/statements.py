@@ -35,8 +35,9 @@ from streaming.rows import Reader
 from streaming.termination import Status
 
 M = TypeVar("M", bound=Model)
-# The columns a prompt and a conversation's tree need (``branches``).
-PROMPT_FIELDS = ("id", "parent_id", "role", "content", "tool_calls", "tool_call_id")
+# The columns a prompt and a conversation's tree need (``branches``), and whether the
+# message a new one would follow has ended (``status``).
+PROMPT_FIELDS = ("id", "parent_id", "role", "content", "tool_calls", "tool_call_id", "status")
 
 
 def _connection(model: type[Model]) -> tuple[str, BaseDatabaseWrapper]:

@@ -281,9 +281,11 @@ class MessageRegenerate(JSONView):
         wait = _wants_wait(request)
         body = RegenerateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
+        raw_params = body.validated_data.get("params")
         if body.validated_data["stop"]:
+            services.check_regeneration(request.user, message_id, raw_params)
             services.call(services.stop_branch, request.user, message_id)
-        exchange = services.regenerate(request.user, message_id, body.validated_data.get("params"))
+        exchange = services.regenerate(request.user, message_id, raw_params)
         return _started(request, exchange, wait, with_question=False)
 
 
@@ -299,12 +301,10 @@ class MessageEdit(JSONView):
         wait = _wants_wait(request)
         body = EditSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        if body.validated_data["stop"]:
+        data = body.validated_data
+        edit = (request.user, message_id, data["content"], data.get("params"), data.get("model"))
+        if data["stop"]:
+            services.check_edit(*edit)
             services.call(services.stop_branch, request.user, message_id)
-        exchange = services.edit(
-            request.user,
-            message_id,
-            body.validated_data["content"],
-            body.validated_data.get("params"),
-        )
+        exchange = services.edit(*edit)
         return _started(request, exchange, wait, with_question=True)

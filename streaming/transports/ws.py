@@ -194,6 +194,7 @@ class ChatConsumer(LoopWebsocketConsumer):
             self._message_id(frame),
             frame.get("content"),
             frame.get("params"),
+            model=frame.get("model") or "",
             stop=self._stop(frame),
         )
         await self._started(frame, exchange)

@@ -158,7 +158,8 @@ def test_stop_action_cancels_a_generation_running_in_another_process(daphne, acc
     with client(server, account.token) as api:
         conversation = new_conversation(api, title="long one")
         running = started(api, conversation, "go", ttft_ms=0, tokens_per_second=5, length=500)
-        done = started(api, conversation, "short", text="ok", ttft_ms=0, tokens_per_second=1000)
+        other = new_conversation(api, title="short one")
+        done = started(api, other, "short", text="ok", ttft_ms=0, tokens_per_second=1000)
 
         in_flight = staff.get("/admin/streaming/message/in-flight/")
         assert in_flight.status_code == 200

@@ -205,6 +205,22 @@ def test_regenerate_a_question_or_edit_an_answer_is_a_clear_400(three_turns) -> 
     assert len(branch(api, conversation, tree=True)) == 6, "nothing was added"
 
 
+def test_an_edit_is_answered_by_the_model_it_names(daphne, account, emulator) -> None:
+    # The simulated engine answers by default; the emulator serves "test-model".
+    server = daphne(ENGINE_MODELS=f'{{"test-model": "{emulator}"}}')
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        question = post_and_wait(api, conversation, "first")["user_message"]["id"]
+        url = f"/api/messages/{question}/edit/?wait=true"
+        unknown = api.post(url, json={"content": "again", "model": "no-such-model"})
+        assert_error(unknown, 400, "invalid_params", field="model")
+        edited = created(api.post(url, json={"content": "again", "model": "test-model"}))
+        assert edited["message"]["model"] == "test-model"
+        assert edited["message"]["status"] == "complete"
+        default = created(api.post(url, json={"content": "once more"}))
+        assert default["message"]["model"] != "test-model"
+
+
 def test_a_streaming_branch_is_refused_or_stopped_first(daphne, account) -> None:
     server = daphne()
     with client(server, account.token) as api:
@@ -220,6 +236,30 @@ def test_a_streaming_branch_is_refused_or_stopped_first(daphne, account) -> None
         error = assert_error(api.post(f"/api/messages/{answer}/regenerate/"), 409, "conflict")
         assert "stop" in error["message"]
         assert_error(api.post(f"/api/messages/{question}/edit/", json={"content": "x"}), 409)
+        # A question after it would be answered without the text shown above it.
+        follow = api.post(f"/api/conversations/{conversation}/messages/", json={"content": "y"})
+        assert answer in assert_error(follow, 409, "conflict")["message"]
+        one_step = api.post(
+            f"/api/conversations/{conversation}/messages/",
+            json={"content": "y"},
+            headers={"Accept": "text/event-stream"},
+        )
+        assert one_step.status_code == 409 and one_step.json() == follow.json()
+
+        # "stop" ends the branch only for a request that is then carried out: each of
+        # these is refused, and the answer streams on.
+        stop, bad = {"stop": True}, "invalid_params"
+        refused = [
+            (f"{answer}/regenerate/", {**stop, "params": {"max_tokens": -1}}, bad),
+            (f"{answer}/edit/", {**stop, "content": "x"}, "wrong_role"),
+            (f"{question}/regenerate/", stop, "wrong_role"),
+            (f"{question}/edit/", {**stop, "content": "x", "params": {"top_p": 7}}, bad),
+            (f"{question}/edit/", {**stop, "content": "x", "model": "no-such-model"}, bad),
+            (f"{question}/edit/", {**stop, "content": " "}, None),
+        ]
+        for path, body, code in refused:
+            assert_error(api.post(f"/api/messages/{path}", json=body), 400, code)
+            assert api.get(f"/api/messages/{answer}/").json()["status"] == "streaming", path
 
         again = created(
             api.post(
