@@ -34,6 +34,7 @@ from chatsite.routing import (  # noqa: E402
 )
 from streaming.runtime import get_runtime  # noqa: E402
 from streaming.transports import daphne  # noqa: E402
+from streaming.transports.failsafe import EndsStartedResponses  # noqa: E402
 from streaming.transports.onestep import OneStepAnswers  # noqa: E402
 from streaming.transports.wsauth import WebSocketAuthMiddleware  # noqa: E402
 
@@ -96,12 +97,15 @@ django_app = Bounded(django_asgi_app, settings.REQUEST_CONCURRENCY)
 application = StartRuntime(
     ProtocolTypeRouter(
         {
-            "http": URLRouter(
-                [
-                    *http_urlpatterns,
-                    *message_post_urlpatterns(OneStepAnswers(django_app, lean=True)),
-                    re_path(r"", OneStepAnswers(django_app)),
-                ]
+            # An exception after a response started must not reach Daphne (failsafe).
+            "http": EndsStartedResponses(
+                URLRouter(
+                    [
+                        *http_urlpatterns,
+                        *message_post_urlpatterns(OneStepAnswers(django_app, lean=True)),
+                        re_path(r"", OneStepAnswers(django_app)),
+                    ]
+                )
             ),
             "websocket": WebSocketAuthMiddleware(URLRouter(websocket_urlpatterns)),
         }
