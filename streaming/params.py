@@ -8,7 +8,6 @@ so the documented bounds are the enforced ones.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -122,10 +121,28 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
         parameters = function.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
             raise ParamError(f"{where}.function.parameters", "must be a JSON Schema object")
-        if not is_storable(json.dumps(tool, ensure_ascii=False)):
+        if not _storable_throughout(tool):
             raise ParamError(where, UNSTORABLE)
         tools.append(tool)
     return tools
+
+
+def _storable_throughout(value: Any) -> bool:
+    """Whether every string in a JSON value, keys included, is storable: PostgreSQL's
+    ``jsonb`` refuses U+0000 anywhere (which ``json.dumps`` writes as an escape, so the
+    text of a whole value cannot tell)."""
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, str):
+            if not is_storable(current):
+                return False
+        elif isinstance(current, dict):
+            stack.extend(current.keys())
+            stack.extend(current.values())
+        elif isinstance(current, list):
+            stack.extend(current)
+    return True
 
 
 def _tool_choice(raw: Any, tools: list[dict[str, Any]]) -> Any:

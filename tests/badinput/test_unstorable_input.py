@@ -8,12 +8,21 @@ import json
 from tests.api.calls import assert_error, client, new_conversation
 from tests.support.wsclient import ChatSocket
 
+
+def tool(parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
 # Raw JSON bodies: "\ud800" must reach the server as an escape, which json.dumps writes.
 REST_BODIES = [
     ({"content": "zero\u0000byte"}, "content"),
     ({"content": "lone \ud800 surrogate"}, "content"),
     ({"content": "hi", "params": {"stop": ["a\u0000"]}}, "params.stop"),
     ({"content": "hi", "params": {"simulation": {"text": "x\u0000y"}}}, "params.simulation.text"),
+    # Anywhere in a tool, keys too: PostgreSQL's jsonb refuses U+0000 (it was a 500).
+    ({"content": "hi", "params": {"tools": [tool({"x": "\u0000"})]}}, "params.tools[0]"),
+    ({"content": "hi", "params": {"tools": [tool({"a\u0000": 1})]}}, "params.tools[0]"),
+    ({"content": "hi", "params": {"tools": [tool({"enum": ["\ud800"]})]}}, "params.tools[0]"),
 ]
 
 
