@@ -22,7 +22,7 @@ from django.db import DatabaseError
 from streaming import selectors
 from streaming.auth import header
 from streaming.conf import streaming_settings
-from streaming.errors import AUTHENTICATE, ServiceError, describe, error_bytes
+from streaming.errors import AUTHENTICATE, ServiceError, error_bytes
 from streaming.logcontext import stream_context
 from streaming.reading import SlowConsumer, Subscription, has_more, parse_cursor
 from streaming.transports import eventstream
@@ -87,7 +87,7 @@ class MessageStreamConsumer(TaskedHttpConsumer):
         try:
             after = cursor_of(scope)
         except ServiceError as exc:
-            await self.error(**describe(exc))
+            await self.error(exc.status, exc.code, exc.message, field=exc.field)
             return False
         if state is None:
             await self.error(404, "not_found", "message not found")

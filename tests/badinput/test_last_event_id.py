@@ -59,10 +59,12 @@ async def test_malformed_cursors_answer_400_in_the_error_shape(daphne, account):
             error = by_header.json()["error"]
             assert error["code"] == "invalid_cursor"
             assert error["status"] == 400
-            assert "Last-Event-ID" in error["message"]
+            assert error["field"] == "Last-Event-ID"
+            assert error["message"] == "Last-Event-ID: must be a non-negative integer event id"
             by_query = await client.get(url, params={"after": raw}, headers=auth(account.token))
             assert by_query.status_code == 400, (raw, by_query.status_code)
             assert by_query.json()["error"]["code"] == "invalid_cursor"
+            assert by_query.json()["error"]["message"].count("after:") == 1
         assert (await client.get("/healthz")).status_code == 200
 
 
