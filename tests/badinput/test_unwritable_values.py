@@ -84,6 +84,16 @@ async def test_refused_on_the_websocket_and_the_socket_goes_on(daphne, account) 
                 assert reply["code"] == "invalid_json", reply
             else:
                 assert reply["field"] == field, reply
+        # A ref the reply could not echo, and constants JSON does not have (the socket
+        # closed with 1011 on the first; NaN reached PostgreSQL as a temperature).
+        for text in (
+            '{"type": "ping", "ref": 123456789012345678901234567890}',
+            f'{{"type": "message.create", "conversation": "{conversation}", "content": "x",'
+            ' "params": {"temperature": NaN}}',
+        ):
+            await ws.send(text)
+            reply = await next_reply(ws)
+            assert (reply["type"], reply["code"]) == ("error", "invalid_json"), reply
         await ws.send(json.dumps({"type": "ping", "ref": "alive"}))
         assert await next_reply(ws) == {"type": "pong", "ref": "alive"}
     with client(server, account.token) as api:
