@@ -70,14 +70,11 @@ class Feed:
         """To every process's listeners of ``user_id`` (this one's included), in order,
         in one control message. An event: ``{"event": <kind>, ...}`` with JSON-able
         fields."""
-        await self.control.send(f"user:{user_id}", self._message(user_id, events))
-
-    def post(self, user_id: int, events: list[dict[str, Any]]) -> None:
-        """``publish`` without waiting for it (from the loop's thread)."""
-        self.control.post(f"user:{user_id}", self._message(user_id, events))
+        await self.control.send(f"user:{user_id}", self.message(user_id, events))
 
     @staticmethod
-    def _message(user_id: int, events: list[dict[str, Any]]) -> dict[str, Any]:
+    def message(user_id: int, events: list[dict[str, Any]]) -> dict[str, Any]:
+        """The control message that carries ``events`` to ``user_id``'s listeners."""
         return {"type": USER_EVENTS, "user": user_id, "events": events}
 
     def handles(self, message: dict[str, Any]) -> bool:

@@ -56,6 +56,8 @@ class Runtime:
             self.generations, self.presence, self.control, self.reaper, self._on_control
         )
         self.loop: asyncio.AbstractEventLoop | None = None
+        # True once the loop is a private one: this process serves nothing (see below).
+        self._private = False
         self._started: asyncio.Future[None] | None = None
         self._binding = threading.Lock()
 
@@ -97,6 +99,7 @@ class Runtime:
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="runtime", daemon=True).start()
                 self.loop = loop
+                self._private = True
             return self.loop
 
     def _on_loop(self) -> bool:
@@ -126,16 +129,29 @@ class Runtime:
         return asyncio.run_coroutine_threadsafe(coro, self._loop()).result()
 
     def notify(self, user_id: int, events: list[dict[str, Any]]) -> None:
-        """Publish feed events from any thread without waiting for them (a request thread,
-        after its transaction committed), in one message; a failure is logged, never the
-        caller's."""
-        self._loop().call_soon_threadsafe(self.feed.post, user_id, events)
+        """Publish feed events from any thread (a request thread, after its transaction
+        committed), in one message; a failure is logged, never the caller's."""
+        self._post(f"user:{user_id}", self.feed.message(user_id, events))
 
     def revoke_tokens(self, user_id: int) -> None:
         """Tell every process (this one's included) to drop ``user_id``'s cached tokens,
-        from any thread, without waiting."""
-        message = {"type": tokens.REVOKED, "user": user_id}
-        self._loop().call_soon_threadsafe(self.control.post, f"user:{user_id}", message)
+        from any thread."""
+        self._post(f"user:{user_id}", {"type": tokens.REVOKED, "user": user_id})
+
+    def _post(self, key: str, message: dict[str, Any]) -> None:
+        """A control message from any thread. A serving process's loop outlives the
+        caller, so the message is queued and the caller goes on. A process that serves
+        nothing (``manage.py drf_create_token -r``, the shell) may exit as soon as the
+        caller returns, taking its private loop with it: there the message is sent before
+        returning, or a revocation made there would never reach the servers."""
+        loop = self._loop()
+        if not self._private:
+            loop.call_soon_threadsafe(self.control.post, key, message)
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.control.send(key, message), loop).result()
+        except Exception as exc:
+            log.warning("control message not sent: %s", exc)
 
     async def cancel(self, message_id: str, reason: str) -> None:
         await self.generations.cancel(message_id, reason)

@@ -3,12 +3,15 @@ token cache's lifetime: REST and streams alike, on two Daphne processes and Redi
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import httpx
 from rest_framework.authtoken.models import Token
 
 from tests.support.clients import auth
+from tests.support.servers import ROOT, server_env
 
 # The servers' cache lifetime: a refusal well inside it can only be the revocation.
 CACHE_SECONDS = 300
@@ -65,3 +68,25 @@ def test_without_redis_a_token_replaced_elsewhere_is_refused_at_once(daphne, acc
             assert client.get("/api/conversations/", headers=auth(account.token)).status_code == 200
         Token.objects.filter(key=account.token).delete()
         assert client.get("/api/conversations/", headers=auth(account.token)).status_code == 401
+
+
+def test_a_token_deleted_by_a_command_that_exits_at_once_is_refused(daphne, account, needs_redis):
+    """A process that serves nothing (`manage.py shell`, `drf_create_token -r`) exits
+    right after its change commits: its revocation is sent before it does."""
+    server = daphne(STREAM_TOKEN_CACHE_SECONDS=str(CACHE_SECONDS))
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for _ in range(2):  # the second is served from the server's cache
+            assert client.get("/api/conversations/", headers=auth(account.token)).status_code == 200
+        code = (
+            "from rest_framework.authtoken.models import Token;"
+            f"Token.objects.filter(key={account.token!r}).delete()"
+        )
+        subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", code],
+            cwd=ROOT,
+            env=server_env(),
+            check=True,
+            timeout=60,
+        )
+        deadline = time.monotonic() + DEADLINE
+        assert refused_within(client, "/api/conversations/", account.token, deadline)
