@@ -495,7 +495,7 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
     with transaction.atomic():
         message = message_for(user, message_id, lock=True)
         if message.role != Message.Role.ASSISTANT:
-            raise Conflict("only assistant messages can be continued")
+            raise WrongRole("only an answer (an assistant message) can be continued")
         if message.status == Status.STREAMING:
             raise Conflict("this message is still streaming; wait for it to end or stop it")
         if message.status in NATURAL_ENDS:

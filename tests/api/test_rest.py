@@ -141,7 +141,8 @@ def test_stream_cancel_and_continue(daphne, account):
         finished = api.post(f"/api/messages/{done['id']}/continue/?wait=true")
         assert_error(finished, 409, "conflict")
         user_message = api.get(f"/api/conversations/{conversation}/messages/").json()["results"][0]
-        assert_error(api.post(f"/api/messages/{user_message['id']}/continue/"), 409)
+        question = api.post(f"/api/messages/{user_message['id']}/continue/")
+        assert_error(question, 400, "wrong_role")
 
 
 INVALID_BODIES = [
