@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.db import models
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -23,6 +24,15 @@ from streaming import params, representation
 from streaming.branches import Tree, sibling_ids
 from streaming.models import Conversation, Message, Segment
 from streaming.termination import Status
+
+
+class TextField(serializers.CharField):
+    """A string, not anything that can be turned into one (``42`` is not a message)."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 class ConversationSerializer(serializers.ModelSerializer):
@@ -36,6 +46,14 @@ class ConversationSerializer(serializers.ModelSerializer):
     streaming = serializers.SerializerMethodField(
         help_text="whether an answer of this conversation is streaming now"
     )
+
+    # Text fields take strings only, as a message's content does: a title of 5 is a
+    # client's mistake, not "5".
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.CharField: TextField,
+        models.TextField: TextField,
+    }
 
     class Meta:
         model = Conversation
@@ -203,15 +221,6 @@ GenerationParamsSerializer = type(
 @extend_schema_field(GenerationParamsSerializer(allow_null=True))
 class GenerationParamsField(serializers.DictField):
     """A JSON object passed on unchanged to ``streaming.params`` for validation."""
-
-
-class TextField(serializers.CharField):
-    """A string, not anything that can be turned into one (``42`` is not a message)."""
-
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
 
 
 class PostMessageSerializer(serializers.Serializer):

@@ -179,6 +179,11 @@ def test_invalid_fields_elsewhere_name_the_field(daphne, account):
         conversation = new_conversation(api)
         url = f"/api/conversations/{conversation}/"
         assert_error(api.patch(url, json={"title": ["x"]}), 400, field="title")
+        # Strings only, as a message's content: 5 is not "5".
+        for field, value in (("title", 5), ("system_prompt", 5), ("model", True)):
+            assert_error(api.patch(url, json={field: value}), 400, field=field)
+            assert_error(api.post("/api/conversations/", json={field: value}), 400, field=field)
+        assert api.get(url).json()["title"] == ""
         wait = api.post(f"/api/conversations/{conversation}/messages/?wait=maybe", json={})
         assert_error(wait, 400, field="wait")
         form = api.post("/api/conversations/", data={"title": "form"})
