@@ -33,7 +33,7 @@ from chatsite.routing import (  # noqa: E402
     websocket_urlpatterns,
 )
 from streaming.runtime import get_runtime  # noqa: E402
-from streaming.transports import daphne  # noqa: E402
+from streaming.transports import daphne, ws  # noqa: E402
 from streaming.transports.failsafe import EndsStartedResponses  # noqa: E402
 from streaming.transports.onestep import OneStepAnswers  # noqa: E402
 from streaming.transports.wsauth import WebSocketAuthMiddleware  # noqa: E402
@@ -49,9 +49,12 @@ daphne.install_plain_http()
 daphne.install_lazy_log_fields()
 # Frames for a WebSocket in its closing handshake are dropped, not errors.
 daphne.install_closing_sends()
+# A WebSocket can be closed with the codes the protocol gives a server (1001 at shutdown).
+daphne.install_close_codes()
 # A connection's ASGI messages wait in two lists, not an asyncio.Queue's four deques.
 daphne.install_application_queues()
-# After the SIGTERM drain, the server stops.
+# After the SIGTERM drain, every WebSocket is closed with 1001, then the server stops.
+get_runtime().lifecycle.on_drained.append(ws.close_sockets)
 get_runtime().lifecycle.on_stopped.append(daphne.stop_server)
 
 

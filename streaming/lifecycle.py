@@ -4,8 +4,11 @@ Daphne implements no ASGI lifespan, so ``Lifecycle.start`` runs on the first req
 process serves (from the ASGI entry point). It starts the loops (heartbeat, write-behind
 flush, reaper, the control listener) and installs the SIGTERM handler: stop accepting,
 let running generations finish up to ``SHUTDOWN_DEADLINE``, interrupt the rest, give
-attached readers ``SHUTDOWN_READER_FLUSH`` to send their last events, then call the
-server's stop hooks (``on_stopped``; the ASGI entry point adds the one for Daphne).
+attached readers ``SHUTDOWN_READER_FLUSH`` to send their last events, let the transports
+close their connections (``on_drained``; the ASGI entry point adds the WebSocket
+consumers' close with 1001), then call the server's stop hooks (``on_stopped``; the ASGI
+entry point adds the one for Daphne). Stopping the server drops whatever is still open,
+so whatever a client must be told goes out before.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import contextvars
 import logging
 import signal
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from streaming import database, metrics
@@ -47,6 +50,9 @@ class Lifecycle:
         self.control = control
         self.reaper = reaper
         self.accepting = True
+        # Awaited once the process has drained after SIGTERM and its readers wrote their
+        # last events, before the server stops (close the connections left open).
+        self.on_drained: list[Callable[[], Awaitable[None]]] = []
         # Called once the process has drained after SIGTERM (stop the server).
         self.on_stopped: list[Callable[[], None]] = []
         self._tasks: set[asyncio.Task[object]] = set()
@@ -133,6 +139,12 @@ class Lifecycle:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(streaming_settings.SHUTDOWN_READER_FLUSH):
                 await self.presence.idle.wait()
+        for close in self.on_drained:
+            # A hook that fails must not keep the process from stopping.
+            try:
+                await close()
+            except Exception:
+                log.exception("a shutdown hook failed")
         await self.control.stop()
         await asyncio.sleep(0.1)  # one more turn for the transports to flush their buffers
         for stop in self.on_stopped:

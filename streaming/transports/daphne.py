@@ -42,6 +42,13 @@ path costs besides:
   again in a task nobody awaited. ``install_closing_sends`` has Daphne drop a frame for a
   socket that is closing or closed, as it drops replies for connections it knows are
   gone: the client asked for no more, and the disconnect follows.
+- **Close codes of the protocol.** Daphne closes a WebSocket through autobahn's
+  ``sendClose``, which takes only the codes a browser's script may send (1000 and
+  3000-4999) and raises for the rest, so an application could not close with 1001 (going
+  away) when the server shuts down, nor any other code RFC 6455 gives a server.
+  ``install_close_codes`` has Daphne send those codes (autobahn's
+  ``CLOSE_STATUS_CODES_ALLOWED``) as the same close frame, through ``sendCloseFrame``,
+  which Daphne itself uses for 1011; every other code goes the way it went.
 - **A connection's message queue.** Daphne hands each connection's ASGI messages to the
   application through an ``asyncio.Queue``: four deques and an ``Event``, 3.2 KB held for
   as long as the connection is open, to carry a request's body and its disconnect (or a
@@ -81,6 +88,7 @@ RAW_BODIES = "raw_bodies"
 PLAIN_HTTP = "plain_http"
 LAZY_LOG_FIELDS = "lazy_log_fields"
 CLOSING_SENDS = "closing_sends"
+CLOSE_CODES = "close_codes"
 APPLICATION_QUEUES = "application_queues"
 HOOKS = (
     SEND_BUFFER,
@@ -89,6 +97,7 @@ HOOKS = (
     PLAIN_HTTP,
     LAZY_LOG_FIELDS,
     CLOSING_SENDS,
+    CLOSE_CODES,
     APPLICATION_QUEUES,
 )
 # What each hook's absence costs, for the warning.
@@ -99,6 +108,7 @@ WITHOUT = {
     PLAIN_HTTP: "every response write looks Twisted's HTTP module up through a proxy",
     LAZY_LOG_FIELDS: "every WebSocket frame and connection formats debug-log fields nobody reads",
     CLOSING_SENDS: "a stream writing to a closing WebSocket fails with a traceback",
+    CLOSE_CODES: "a WebSocket cannot be closed with 1001 at shutdown (its client sees 1006)",
     APPLICATION_QUEUES: "every open connection holds an asyncio.Queue (3.2 KB)",
 }
 # Daphne's modules that name ``twisted.web.http`` as ``http``, and what they use of it.
@@ -419,6 +429,35 @@ def install_closing_sends() -> bool:
     protocol.serverSend = serverSend
     protocol.closing_sends = True
     metrics.SERVER_HOOKS.labels(hook=CLOSING_SENDS).set(1)
+    return True
+
+
+def install_close_codes() -> bool:
+    """Daphne closes a WebSocket with any code RFC 6455 lets a server send; False (and
+    reported) when it cannot."""
+    found = _daphne_modules(CLOSE_CODES, ["daphne.ws_protocol"])
+    if found is None:
+        return False
+    protocol: Any = found[0].WebSocketProtocol
+    if getattr(protocol, "close_codes", False):
+        return True
+    allowed = getattr(protocol, "CLOSE_STATUS_CODES_ALLOWED", None)
+    if not all(hasattr(protocol, a) for a in ("serverClose", "sendCloseFrame")) or not allowed:
+        unavailable(CLOSE_CODES, "Daphne's WebSocket protocol changed shape")
+        return False
+    server_close = protocol.serverClose
+    # The ones ``sendClose`` refuses; 1000 and 3000-4999 keep Daphne's own path.
+    codes = frozenset(code for code in allowed if isinstance(code, int) and code != 1000)
+
+    def serverClose(self: Any, code: Any = None) -> None:
+        if isinstance(code, int) and code in codes:
+            self.sendCloseFrame(code=code, isReply=False)
+            return
+        server_close(self, code)
+
+    protocol.serverClose = serverClose
+    protocol.close_codes = True
+    metrics.SERVER_HOOKS.labels(hook=CLOSE_CODES).set(1)
     return True
 
 

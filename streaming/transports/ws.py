@@ -3,10 +3,14 @@
 Contract (docs/protocol.md has examples): client frames are JSON objects with a ``type``
 (``auth``, ``message.create``, ``message.regenerate``, ``message.edit``, ``subscribe``,
 ``unsubscribe``, ``cancel``, ``continue``, ``ping``); server frames are the shared events
-with ``message_id`` added, one event per text frame, plus replies (``message.created``,
-``subscribed``, ``pong``, ``heartbeat``), the user's feed (``{"type": "feed", "event":
-...}`` after ``subscribe`` to ``"topic": "user"``) and ``{"type": "error", ...}`` for a bad
-frame - which never closes the socket.
+with ``message_id`` added, one event per text frame, plus the replies to client frames
+(``authenticated``, ``message.created``, ``subscribed``, ``unsubscribed``, ``cancelled``,
+``pong``; each carries the frame's ``ref``), ``heartbeat``, the user's feed (``{"type":
+"feed", "event": ...}`` after ``subscribe`` to ``"topic": "user"``) and ``{"type":
+"error", ...}`` for a bad frame - which never closes the socket. A field of a frame is
+taken only with its documented type; anything else is refused naming the field, before
+anything is done. When the process shuts down, every socket is closed with 1001 once the
+drain has ended its streams (``close_sockets``).
 
 The receive handler only parses and dispatches: generation runs in the generation
 service, and each subscription streams from its own task, so a slow handler can never
@@ -20,6 +24,7 @@ import contextlib
 import logging
 import math
 import time
+import uuid
 from typing import Any
 
 from streaming import events, selectors
@@ -50,14 +55,61 @@ CLOSE_GOING_AWAY = 1001
 
 # A client's ``ref`` is echoed in every reply to its frame.
 MAX_REF_CHARS = 200
+# How long a shutdown waits for clients to answer the 1001 close before the server stops.
+GOING_AWAY_WAIT = 1.0
 
 
 class FrameError(Exception):
-    def __init__(self, code: str, message: str, ref: Any = None) -> None:
+    """A frame refused by the consumer; ``field``: the field it names, when one is wrong."""
+
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
-        self.ref = ref
+        self.field = field
+
+
+class Sockets:
+    """This process's open sockets, so that its shutdown can close each with 1001 (going
+    away): a socket the server merely drops reaches its client as 1006, which cannot be
+    told from a network fault, while 1001 says "reconnect, to another process"."""
+
+    def __init__(self) -> None:
+        self.open: set[ChatConsumer] = set()
+        # Set once the shutdown closed the sockets: one that opens after is closed at once.
+        self.closing = False
+        # Set when the last socket ended, once the shutdown waits for it.
+        self.all_gone: asyncio.Event | None = None
+
+    def discard(self, consumer: ChatConsumer) -> None:
+        self.open.discard(consumer)
+        if not self.open and self.all_gone is not None:
+            self.all_gone.set()
+
+    async def close_all(self, wait: float) -> None:
+        """Close every open socket with 1001, then wait up to ``wait`` s for the clients
+        to answer the close, so the server stops with no connection left to drop. Each
+        socket's tasks end with its connection, as after any close."""
+        self.closing = True
+        self.all_gone = asyncio.Event()
+        for consumer in list(self.open):
+            try:
+                await consumer.close(code=CLOSE_GOING_AWAY)
+            except Exception:
+                log.exception("could not close a WebSocket for the shutdown")
+        if self.open:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self.all_gone.wait()
+
+
+sockets = Sockets()
+
+
+async def close_sockets() -> None:
+    """The shutdown hook (``Lifecycle.on_drained``): runs once the drain has ended this
+    process's generations and their readers wrote the last events."""
+    await sockets.close_all(GOING_AWAY_WAIT)
 
 
 class ChatConsumer(LoopWebsocketConsumer):
@@ -76,6 +128,11 @@ class ChatConsumer(LoopWebsocketConsumer):
         # while its frame is being sent: a task per socket would be held all along.
         self.heartbeat: asyncio.Task[None] | None = None
         self.heartbeat_timer: asyncio.TimerHandle | None = None
+        if sockets.closing:
+            # The shutdown closed the sockets already: this one is told at once too.
+            await self.close(code=CLOSE_GOING_AWAY)
+            return
+        sockets.open.add(self)
         self._arm_heartbeat(streaming_settings.PING_INTERVAL)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -84,6 +141,7 @@ class ChatConsumer(LoopWebsocketConsumer):
         try:
             await super().__call__(scope, receive, send)
         finally:
+            sockets.discard(self)
             await self._end_tasks()
 
     async def disconnect(self, code: int) -> None:
@@ -126,7 +184,8 @@ class ChatConsumer(LoopWebsocketConsumer):
                 raise FrameError("not_authenticated", "authenticate first (an auth frame)")
             await handler(self, frame)
         except FrameError as exc:
-            await self._send_error(ref, code=exc.code, message=exc.message)
+            field = {"field": exc.field} if exc.field is not None else {}
+            await self._send_error(ref, code=exc.code, message=exc.message, **field)
         except ServiceError as exc:
             await self._send_error(ref, **describe(exc))
         except Exception:
@@ -151,64 +210,100 @@ class ChatConsumer(LoopWebsocketConsumer):
     def _authenticated(self) -> bool:
         return bool(self.user is not None and self.user.is_authenticated)
 
+    # --- the fields of a frame: each taken only with its documented type ------------
     @staticmethod
     def _message_id(frame: dict[str, Any]) -> str:
         value = frame.get("message_id")
         if not isinstance(value, str) or not value:
-            raise FrameError("invalid_frame", "message_id must be a string")
+            raise FrameError("invalid_frame", "message_id must be a string", "message_id")
         return value
 
+    @staticmethod
+    def _conversation(frame: dict[str, Any]) -> str | None:
+        """The conversation's id; None (absent or null) for a new conversation."""
+        value = frame.get("conversation")
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise FrameError(
+                "invalid_frame",
+                "conversation must be a string (or absent, for a new conversation)",
+                "conversation",
+            )
+        return value
+
+    @staticmethod
+    def _flag(frame: dict[str, Any], name: str, default: bool) -> bool:
+        """A boolean field: a string or a number is refused, not taken for true."""
+        value = frame.get(name, default)
+        if not isinstance(value, bool):
+            raise FrameError("invalid_frame", f"{name} must be true or false", name)
+        return value
+
+    @staticmethod
+    def _topic(frame: dict[str, Any]) -> bool:
+        """True for the user's feed (``"topic": "user"``); False for a message's stream."""
+        topic = frame.get("topic")
+        if topic is None:
+            return False
+        if topic != "user":
+            raise FrameError(
+                "invalid_frame", 'topic must be "user" (or absent, with message_id)', "topic"
+            )
+        return True
+
+    # --- the handlers: every direct reply goes through ``_reply`` ---------------------
     async def on_auth(self, frame: dict[str, Any]) -> None:
         token = frame.get("token")
         if not isinstance(token, str) or not token:
-            raise FrameError("invalid_frame", "token must be a string")
+            raise FrameError("invalid_frame", "token must be a string", "token")
         user = await user_for_token(token)
         if not user.is_authenticated:
             raise FrameError("not_authenticated", "invalid token")
         self.user = user
-        await self._send_json({"type": "authenticated", "user": user.get_username()})
+        await self._reply(frame, {"type": "authenticated", "user": user.get_username()})
 
     async def on_ping(self, frame: dict[str, Any]) -> None:
-        ref = frame.get("ref")  # checked by receive (``_ref_of``)
-        await self._send_json({"type": "pong", **({"ref": ref} if ref is not None else {})})
+        await self._reply(frame, {"type": "pong"})
 
     async def on_create(self, frame: dict[str, Any]) -> None:
+        conversation = self._conversation(frame)
+        subscribe = self._flag(frame, "subscribe", True)
+        # Checked by the service, whatever its type: "" (or null) is the default model.
+        model = frame.get("model")
         exchange = await post_message(
             self.user,
-            frame.get("conversation"),
+            conversation,
             frame.get("content"),
             frame.get("params"),
-            model=frame.get("model") or "",
+            model="" if model is None else model,
         )
-        await self._started(frame, exchange)
+        await self._started(frame, exchange, subscribe)
 
     async def on_regenerate(self, frame: dict[str, Any]) -> None:
-        exchange = await regenerate_message(
-            self.user, self._message_id(frame), frame.get("params"), stop=self._stop(frame)
-        )
-        await self._started(frame, exchange)
+        message_id = self._message_id(frame)
+        subscribe = self._flag(frame, "subscribe", True)
+        stop = self._flag(frame, "stop", False)
+        exchange = await regenerate_message(self.user, message_id, frame.get("params"), stop=stop)
+        await self._started(frame, exchange, subscribe)
 
     async def on_edit(self, frame: dict[str, Any]) -> None:
+        message_id = self._message_id(frame)
+        subscribe = self._flag(frame, "subscribe", True)
+        stop = self._flag(frame, "stop", False)
         exchange = await edit_message(
             self.user,
-            self._message_id(frame),
+            message_id,
             frame.get("content"),
             frame.get("params"),
-            model=frame.get("model") or "",
-            stop=self._stop(frame),
+            model=frame.get("model"),
+            stop=stop,
         )
-        await self._started(frame, exchange)
+        await self._started(frame, exchange, subscribe)
 
-    @staticmethod
-    def _stop(frame: dict[str, Any]) -> bool:
-        stop = frame.get("stop", False)
-        if not isinstance(stop, bool):
-            raise FrameError("invalid_frame", "stop must be true or false")
-        return stop
-
-    async def _started(self, frame: dict[str, Any], exchange: Exchange) -> None:
+    async def _started(self, frame: dict[str, Any], exchange: Exchange, subscribe: bool) -> None:
         """Answer a frame that started an answer with its ids, then stream it (unless
-        the frame says ``"subscribe": false``)."""
+        the frame said ``"subscribe": false``)."""
         answer = exchange.assistant_message
         message_id = str(answer.id)
         question = exchange.user_message
@@ -220,51 +315,45 @@ class ChatConsumer(LoopWebsocketConsumer):
             "parent_id": str(answer.parent_id) if answer.parent_id else None,
             "siblings": exchange.siblings.get(message_id, [message_id]),
         }
-        if "ref" in frame:
-            reply["ref"] = frame["ref"]
-        await self._send_json(reply)
-        if frame.get("subscribe", True):
-            await self._subscribe(message_id, 0, MessageState.of(answer))
+        await self._reply(frame, reply)
+        if subscribe:
+            await self._subscribe(frame, message_id, 0, MessageState.of(answer))
 
     async def on_subscribe(self, frame: dict[str, Any]) -> None:
         if self._topic(frame):
-            await self._follow_feed()
+            await self._follow_feed(frame)
             return
         after = parse_cursor(frame.get("after", 0), "after", text=False)
-        await self._subscribe(self._message_id(frame), after)
+        await self._subscribe(frame, self._message_id(frame), after)
 
     async def on_unsubscribe(self, frame: dict[str, Any]) -> None:
+        """Answered with ``unsubscribed`` whether or not there was anything to stop: after
+        it, no frame of that subscription follows."""
         if self._topic(frame):
             if self.feed is not None:
                 listener, following = self.feed
                 self.feed = None
                 selectors.forget_feed(self.user, listener)
                 following.cancel()
+            await self._reply(frame, {"type": "unsubscribed", "topic": "user"})
             return
-        task = self.subscriptions.pop(self._message_id(frame), None)
+        message_id = _canonical(self._message_id(frame))
+        task = self.subscriptions.pop(message_id, None)
         if task is not None:
             task.cancel()
-
-    @staticmethod
-    def _topic(frame: dict[str, Any]) -> bool:
-        """True for the user's feed (``"topic": "user"``); False for a message's stream."""
-        topic = frame.get("topic")
-        if topic is None:
-            return False
-        if topic != "user":
-            raise FrameError("invalid_frame", 'topic must be "user" (or absent, with message_id)')
-        return True
+        await self._reply(frame, {"type": "unsubscribed", "message_id": message_id})
 
     async def on_cancel(self, frame: dict[str, Any]) -> None:
         message = await cancel_message(self.user, self._message_id(frame))
-        await self._send_json(
-            {"type": "cancelled", "message_id": str(message.id), "status": message.status}
+        await self._reply(
+            frame, {"type": "cancelled", "message_id": str(message.id), "status": message.status}
         )
 
     async def on_continue(self, frame: dict[str, Any]) -> None:
         exchange = await continue_message(self.user, self._message_id(frame))
         generation = exchange.generation
         await self._subscribe(
+            frame,
             generation.message_id,
             generation.plan.first_seq - 1,
             MessageState.of(exchange.assistant_message),
@@ -284,9 +373,14 @@ class ChatConsumer(LoopWebsocketConsumer):
 
     # --- streaming ---------------------------------------------------------------------
     async def _subscribe(
-        self, message_id: str, after: int, state: MessageState | None = None
+        self,
+        frame: dict[str, Any],
+        message_id: str,
+        after: int,
+        state: MessageState | None = None,
     ) -> None:
-        """``state``: the message as just created, when this socket created it."""
+        """Reply ``subscribed`` to ``frame`` and stream the message after ``after``.
+        ``state``: the message as just created, when this socket created it."""
         if state is None:
             state = await selectors.message_state(self.user, message_id)
         message_id = state.id
@@ -296,8 +390,14 @@ class ChatConsumer(LoopWebsocketConsumer):
         most = streaming_settings.WS_MAX_SUBSCRIPTIONS
         if len(self.subscriptions) >= most:
             raise FrameError("too_many_subscriptions", f"at most {most} at once")
-        await self._send_json(
-            {"type": "subscribed", "message_id": message_id, "after": after, "status": state.status}
+        await self._reply(
+            frame,
+            {
+                "type": "subscribed",
+                "message_id": message_id,
+                "after": after,
+                "status": state.status,
+            },
         )
         if not has_more(state, after):
             return
@@ -306,6 +406,10 @@ class ChatConsumer(LoopWebsocketConsumer):
         self.subscriptions[message_id] = task
 
     async def _stream(self, subscription: Subscription) -> None:
+        """Write the subscription's events. It ends with the ``done`` that ends the stream
+        or, when there was none to send (the client's cursor was at or past the end: the
+        SSE response closes empty then), with ``unsubscribed`` and the message's status,
+        so the client is never left waiting on a subscription that is over."""
         message_id = subscription.state.id
         with stream_context(message_id):
             try:
@@ -318,9 +422,22 @@ class ChatConsumer(LoopWebsocketConsumer):
                             {"type": "websocket.send", "text": events.ws_frame(event, message_id)}
                         )
                     self.last_sent = time.monotonic()
+                if subscription.ended_status is None:
+                    state = await selectors.message_state(self.user, message_id)
+                    await self._send_json(
+                        {
+                            "type": "unsubscribed",
+                            "message_id": message_id,
+                            "after": subscription.cursor,
+                            "status": state.status,
+                        }
+                    )
             except SlowConsumer as exc:
                 log.info("closing a slow WebSocket client: %s", exc)
                 await self.close(code=CLOSE_SLOW_CONSUMER)
+            except ServiceError as exc:
+                # The message is gone (deleted) as its stream ended: say so for it.
+                await self._send_error(None, **describe(exc), message_id=message_id)
             except Exception:
                 # The reader could not follow (Redis unreachable, say): tell the client,
                 # with its cursor, instead of leaving it with heartbeats only.
@@ -336,11 +453,11 @@ class ChatConsumer(LoopWebsocketConsumer):
                 if self.subscriptions.get(message_id) is asyncio.current_task():
                     del self.subscriptions[message_id]
 
-    async def _follow_feed(self) -> None:
+    async def _follow_feed(self, frame: dict[str, Any]) -> None:
         if self.feed is None:
             listener = selectors.feed_of(self.user)
             self.feed = (listener, asyncio.create_task(self._feed(listener)))
-        await self._send_json({"type": "subscribed", "topic": "user"})
+        await self._reply(frame, {"type": "subscribed", "topic": "user"})
 
     async def _feed(self, listener: Listener) -> None:
         while True:
@@ -376,6 +493,13 @@ class ChatConsumer(LoopWebsocketConsumer):
         self.heartbeat = None
         self._arm_heartbeat(interval)
 
+    async def _reply(self, frame: dict[str, Any], payload: dict[str, Any]) -> None:
+        """A direct reply to ``frame``: it carries the frame's ``ref`` when it had one
+        (``receive`` checked it with ``_ref_of``), so a client can match every answer to
+        its frame, whatever else the socket carries meanwhile."""
+        ref = frame.get("ref")
+        await self._send_json({**payload, "ref": ref} if ref is not None else payload)
+
     async def _send_error(self, ref: Any, **fields: Any) -> None:
         """An ``error`` frame; it carries the client's ``ref`` when its frame had one."""
         await self._send_json(
@@ -398,5 +522,16 @@ def _ref_of(frame: dict[str, Any]) -> Any:
     if isinstance(ref, str) and is_storable(ref) and len(ref) <= MAX_REF_CHARS:
         return ref
     raise FrameError(
-        "invalid_frame", f"ref must be a number or a string of at most {MAX_REF_CHARS} characters"
+        "invalid_frame",
+        f"ref must be a number or a string of at most {MAX_REF_CHARS} characters",
+        "ref",
     )
+
+
+def _canonical(message_id: str) -> str:
+    """A message id as subscriptions are keyed (the UUID's canonical text), so that any
+    spelling the lookups accept unsubscribes; anything else as given (nothing matches)."""
+    try:
+        return str(uuid.UUID(message_id))
+    except ValueError:
+        return message_id

@@ -16,7 +16,7 @@ import pytest
 import websockets
 
 from streaming.conf import DEFAULTS
-from tests.support.clients import auth, create_conversation, post_message
+from tests.support.clients import auth, create_conversation, post_message, wait_for_status
 
 pytestmark = pytest.mark.asyncio
 
@@ -148,9 +148,11 @@ async def test_unknown_and_foreign_messages_answer_not_found(daphne, account, ot
         for kind in ("subscribe", "cancel", "continue", "unsubscribe"):
             for target in (owned, str(uuid.uuid4()), "not-a-uuid", "../../etc/passwd"):
                 await ws.send(json.dumps({"type": kind, "message_id": target, "ref": kind}))
-                if kind == "unsubscribe":
-                    continue  # nothing to stop: silently ignored, never an answer
                 reply = await next_reply(ws)
+                if kind == "unsubscribe":
+                    # Nothing to stop: answered like any unsubscribe, nothing looked up.
+                    assert reply == {"type": "unsubscribed", "message_id": target, "ref": kind}
+                    continue
                 assert reply["type"] == "error", (kind, target, reply)
                 assert reply["code"] == "not_found", (kind, target, reply)
                 assert reply["status"] == 404
@@ -200,3 +202,88 @@ async def test_bad_handshakes_are_refused_with_documented_codes(daphne, account)
         ] == "not_authenticated"
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
         assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_frame_fields_of_the_wrong_type_are_refused_naming_the_field(daphne, account):
+    """A field the consumer reads is taken only with its documented type: anything else is
+    refused naming the field, before anything is created, and the socket stays open."""
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "first", simulation={"length": 3}
+        )
+        ended = await wait_for_status(client, account.token, message["id"])
+    answer, question = ended["id"], ended["parent_id"]
+    create = {"type": "message.create", "conversation": conversation, "content": "hi"}
+    refused: list[tuple[dict[str, Any], str, str]] = []
+    for value in (1, 0, None, "yes", "true", "false", [], {}):
+        refused += [
+            ({**create, "subscribe": value}, "invalid_frame", "subscribe"),
+            (
+                {"type": "message.regenerate", "message_id": answer, "subscribe": value},
+                "invalid_frame",
+                "subscribe",
+            ),
+            (
+                {
+                    "type": "message.edit",
+                    "message_id": question,
+                    "content": "x",
+                    "subscribe": value,
+                },
+                "invalid_frame",
+                "subscribe",
+            ),
+            (
+                {"type": "message.regenerate", "message_id": answer, "stop": value},
+                "invalid_frame",
+                "stop",
+            ),
+        ]
+    for value in (5, 0, True, False, "", [], {}, [conversation]):
+        refused.append(({**create, "conversation": value}, "invalid_frame", "conversation"))
+    for value in (False, 0, 5, [], {}):
+        refused += [
+            ({**create, "model": value}, "invalid_params", "model"),
+            (
+                {"type": "message.edit", "message_id": question, "content": "x", "model": value},
+                "invalid_params",
+                "model",
+            ),
+        ]
+    for kind in ("subscribe", "unsubscribe", "cancel", "continue", "message.regenerate"):
+        for value in (5, None, "", [answer]):
+            refused.append(({"type": kind, "message_id": value}, "invalid_frame", "message_id"))
+    for kind in ("subscribe", "unsubscribe"):
+        for value in (5, "users", True, {}):
+            refused.append(({"type": kind, "topic": value}, "invalid_frame", "topic"))
+    refused.append(({"type": "ping", "ref": {"id": 1}}, "invalid_frame", "ref"))
+    refused.append(({"type": "auth", "token": 12}, "invalid_frame", "token"))
+
+    async with connect(server, account.token) as ws:
+        for frame, code, field in refused:
+            reply = await error_for(
+                ws, json.dumps({**frame, "ref": 7} if field != "ref" else frame)
+            )
+            assert (reply["code"], reply.get("field")) == (code, field), (frame, reply)
+            assert field in reply["message"], (frame, reply)
+            assert reply.get("ref") == (7 if field != "ref" else None), (frame, reply)
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            listed = await client.get("/api/conversations/", headers=auth(account.token))
+            body = listed.json()
+            conversations = body["results"] if isinstance(body, dict) else body
+            assert len(conversations) == 1, "a refused frame created nothing"
+            tree = await client.get(
+                f"/api/conversations/{conversation}/messages/?tree=true",
+                headers=auth(account.token),
+            )
+            assert tree.status_code == 200, tree.text
+            messages = tree.json()
+            messages = messages["results"] if isinstance(messages, dict) else messages
+            assert len(messages) == 2, "a refused frame created nothing"
+        await ws.send(json.dumps({**create, "subscribe": False, "ref": "ok"}))
+        created = await next_reply(ws)
+        assert created["type"] == "message.created" and created["ref"] == "ok"
+        await ws.send(json.dumps({"type": "ping", "ref": "still-open"}))
+        assert await next_reply(ws) == {"type": "pong", "ref": "still-open"}
