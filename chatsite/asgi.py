@@ -55,6 +55,8 @@ daphne.install_close_codes()
 daphne.install_application_queues()
 # After the SIGTERM drain, every WebSocket is closed with 1001, then the server stops.
 get_runtime().lifecycle.on_drained.append(ws.close_sockets)
+# A user's revoked tokens (or a changed user) have their open WebSockets checked again.
+get_runtime().on_revoked.append(ws.sockets.revoked)
 get_runtime().lifecycle.on_stopped.append(daphne.stop_server)
 
 

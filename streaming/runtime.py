@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from streaming import tokens
@@ -55,6 +55,9 @@ class Runtime:
         self.lifecycle = Lifecycle(
             self.generations, self.presence, self.control, self.reaper, self._on_control
         )
+        # Told the id of a user whose tokens were revoked, in every process, after this
+        # process's cache forgot them (the WebSocket consumers check their sockets).
+        self.on_revoked: list[Callable[[int], None]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         # True once the loop is a private one: this process serves nothing (see below).
         self._private = False
@@ -65,6 +68,8 @@ class Runtime:
         if message.get("type") == tokens.REVOKED:
             if isinstance(message.get("user"), int):
                 tokens.cache().forget_user(message["user"])
+                for revoked in self.on_revoked:
+                    revoked(message["user"])
         elif not self.feed.handles(message):
             await self.generations.on_control(message)
 

@@ -50,6 +50,9 @@ from streaming.transports.dispatch import LoopWebsocketConsumer
 log = logging.getLogger(__name__)
 
 CLOSE_SLOW_CONSUMER = 4408
+# The credentials the socket was opened with were revoked (a token deleted or replaced,
+# its user deactivated or changed so that it no longer authenticates).
+CLOSE_REVOKED = 4401
 CLOSE_GOING_AWAY = 1001
 
 
@@ -80,6 +83,18 @@ class Sockets:
         self.closing = False
         # Set when the last socket ended, once the shutdown waits for it.
         self.all_gone: asyncio.Event | None = None
+        # Credential checks under way (``revoked``), held until they end.
+        self.checks: set[asyncio.Task[None]] = set()
+
+    def revoked(self, user_id: int) -> None:
+        """A user's tokens were revoked (``Runtime.on_revoked``): each of their sockets
+        checks its credentials again, and one they no longer authenticate is closed."""
+        for consumer in list(self.open):
+            user = consumer.user
+            if user is not None and user.is_authenticated and user.pk == user_id:
+                check = asyncio.create_task(consumer.check_credentials())
+                self.checks.add(check)
+                check.add_done_callback(self.checks.discard)
 
     def discard(self, consumer: ChatConsumer) -> None:
         self.open.discard(consumer)
@@ -116,6 +131,9 @@ class ChatConsumer(LoopWebsocketConsumer):
     async def connect(self) -> None:
         # Accept first; the user is resolved meanwhile and awaited by the first frame.
         self.user: Any = None
+        # The token of an auth frame; None: the handshake's credentials (its token or
+        # session), which ``authenticate`` resolves.
+        self.token: str | None = None
         self.resolving: asyncio.Task[Any] | None = asyncio.create_task(authenticate(self.scope))
         self.subscriptions: dict[str, asyncio.Task[None]] = {}
         self.feed: tuple[Listener, asyncio.Task[None]] | None = None
@@ -260,8 +278,26 @@ class ChatConsumer(LoopWebsocketConsumer):
         user = await user_for_token(token)
         if not user.is_authenticated:
             raise FrameError("not_authenticated", "invalid token")
-        self.user = user
+        self.user, self.token = user, token
         await self._reply(frame, {"type": "authenticated", "user": user.get_username()})
+
+    async def check_credentials(self) -> None:
+        """Resolve this socket's credentials again; close it (``CLOSE_REVOKED``) when they
+        no longer authenticate its user. A socket lives for hours: a deleted token or a
+        deactivated user must end its access as it ends a request's."""
+        if self.resolving is not None:
+            return  # the first frame resolves it, after the revocation
+        try:
+            if self.token is not None:
+                user = await user_for_token(self.token)
+            else:
+                user = await authenticate(self.scope)
+        except Exception:
+            log.exception("could not check a WebSocket's credentials")
+            return
+        if not user.is_authenticated or user.pk != self.user.pk:
+            log.info("closing a WebSocket whose credentials were revoked")
+            await self.close(code=CLOSE_REVOKED)
 
     async def on_ping(self, frame: dict[str, Any]) -> None:
         await self._reply(frame, {"type": "pong"})

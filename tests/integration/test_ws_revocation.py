@@ -1,0 +1,68 @@
+"""An open WebSocket loses its access when its credentials do, as a request does: a
+deleted token or a deactivated user closes the user's sockets (4401) in every process,
+through control, while other users' sockets stay open (docs/protocol.md)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import websockets
+from asgiref.sync import sync_to_async
+from rest_framework.authtoken.models import Token
+
+from tests.support.wsclient import ChatSocket
+
+pytestmark = pytest.mark.asyncio
+
+REVOKED = 4401
+
+
+async def close_code(ws: ChatSocket) -> int | None:
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        while True:
+            await asyncio.wait_for(ws.conn.recv(), 30)
+    received = closed.value.rcvd
+    return None if received is None else received.code
+
+
+async def still_open(ws: ChatSocket) -> bool:
+    await ws.send({"type": "ping", "ref": "still"})
+    while True:
+        frame = await asyncio.wait_for(ws.recv(), 30)
+        if frame.get("type") == "pong":
+            return frame.get("ref") == "still"
+
+
+async def test_revoked_credentials_close_the_users_sockets_everywhere(
+    daphne, account, other_account, make_account, needs_redis
+):
+    servers = [daphne("a"), daphne("b")]
+    mine = [await ChatSocket.connect(server.ws_url, account.token) for server in servers]
+    # A socket that authenticated with an auth frame, not its handshake.
+    framed = await ChatSocket.connect(servers[1].ws_url, None)
+    await framed.send({"type": "auth", "token": account.token})
+    assert (await framed.recv())["type"] == "authenticated"
+    others = [await ChatSocket.connect(server.ws_url, other_account.token) for server in servers]
+    for ws in [*mine, framed, *others]:
+        assert await still_open(ws)
+
+    await sync_to_async(Token.objects.filter(key=account.token).delete)()
+    for ws in [*mine, framed]:
+        assert await close_code(ws) == REVOKED
+    for ws in others:
+        assert await still_open(ws)
+
+    # A deactivated user, with a token that still exists.
+    later = await sync_to_async(make_account)("dora")
+    socket = await ChatSocket.connect(servers[0].ws_url, later.token)
+    assert await still_open(socket)
+    later.user.is_active = False
+    await sync_to_async(later.user.save)()
+    assert await close_code(socket) == REVOKED
+    # A change that leaves the user able to sign in closes nothing.
+    other_account.user.first_name = "Mallory"
+    await sync_to_async(other_account.user.save)()
+    for ws in others:
+        assert await still_open(ws)
+        await ws.close()
