@@ -24,6 +24,26 @@ log = logging.getLogger(__name__)
 App = Callable[[dict[str, Any], Any, Any], Awaitable[Any]]
 
 
+class _Watched:
+    """The application's ``send``: notes whether the response started and ended. Its
+    ``real_send`` is the server's, which the server hooks find behind it as they find it
+    behind Channels' wrappers (``daphne.innermost_send``): stream frames go there
+    directly, and the per-connection memory bound reads that connection's buffer."""
+
+    __slots__ = ("ended", "real_send", "started")
+
+    def __init__(self, send: Any) -> None:
+        self.real_send = send
+        self.started = self.ended = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        elif message["type"] == "http.response.body" and not message.get("more_body"):
+            self.ended = True
+        await self.real_send(message)
+
+
 class EndsStartedResponses:
     def __init__(self, inner: App) -> None:
         self.inner = inner
@@ -31,23 +51,14 @@ class EndsStartedResponses:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
         if scope["type"] != "http":
             return await self.inner(scope, receive, send)
-        started = ended = False
-
-        async def watched(message: dict[str, Any]) -> None:
-            nonlocal started, ended
-            if message["type"] == "http.response.start":
-                started = True
-            elif message["type"] == "http.response.body" and not message.get("more_body"):
-                ended = True
-            await send(message)
-
+        watched = _Watched(send)
         try:
-            return await self.inner(scope, receive, watched)
+            return await self.inner(scope, receive, watched.send)
         except Exception:
-            if not started:
+            if not watched.started:
                 raise
             log.exception("%s %s failed after its response started", scope["method"], scope["path"])
-            if not ended:
+            if not watched.ended:
                 with contextlib.suppress(Exception):  # the client may be gone too
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
         return None

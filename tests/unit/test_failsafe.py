@@ -3,10 +3,12 @@ connection checker dies on it); one before goes on to Daphne's 500."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 
+from streaming.transports.daphne import innermost_send
 from streaming.transports.failsafe import EndsStartedResponses
 
 SCOPE = {"type": "http", "method": "POST", "path": "/api/messages/"}
@@ -84,3 +86,20 @@ async def test_a_client_already_gone_costs_nothing_more() -> None:
 async def test_other_scopes_pass_through() -> None:
     with pytest.raises(Boom):
         await run(app_sending(START), {"type": "websocket", "path": "/ws/chat/"})
+
+
+async def test_the_servers_send_is_found_behind_it() -> None:
+    """The server hooks (the memory bound, direct frame writes) look behind wrappers for
+    Daphne's own ``send``; this one must not hide it."""
+
+    async def server_reply(protocol: Any, message: dict[str, Any]) -> None:
+        pass
+
+    daphne_send = functools.partial(server_reply, object())
+    seen: list[Any] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(innermost_send(send))
+
+    await EndsStartedResponses(app)(SCOPE, None, daphne_send)
+    assert seen == [daphne_send]
