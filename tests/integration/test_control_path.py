@@ -65,10 +65,11 @@ async def test_stop_and_abandonment_with_openai_streams_open(daphne, account):
     ):
         for _ in range(OPEN_STREAMS):
             await open_completion_stream(streams, ca, account.token)
-        conversation = await create_conversation(ca, account.token)
+        # One conversation each: a question never follows an answer still streaming.
+        conversations = [await create_conversation(ca, account.token) for _ in range(3)]
         answers = [
             await post_message(ca, account.token, conversation, f"answer {i}", simulation=LONG)
-            for i in range(3)
+            for i, conversation in enumerate(conversations)
         ]
         # Stop each from the other process: the cancel answers with the final state once
         # the generating process confirmed the end (it waits at most STOP_WAIT for it).
@@ -80,7 +81,7 @@ async def test_stop_and_abandonment_with_openai_streams_open(daphne, account):
             assert stopped.json()["status"] == "cancelled", stopped.json()
 
         # Abandonment: the only reader, on the other process, leaves after one delta.
-        lonely = await post_message(ca, account.token, conversation, "alone", simulation=LONG)
+        lonely = await post_message(ca, account.token, conversations[0], "alone", simulation=LONG)
         await first_event(cb, account.token, lonely["id"])
         ended = await wait_for_status(cb, account.token, lonely["id"], limit=10)
         assert ended["status"] == "abandoned"

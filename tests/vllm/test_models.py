@@ -35,9 +35,11 @@ async def test_each_conversation_answers_from_its_model(daphne, account, vllm_se
         simulated = await post_message(
             client, account.token, on_default, "Say hello", simulation=simulation
         )
-        # A message may choose another model than its conversation's.
+        # A message may choose another model than its conversation's (in a conversation
+        # of its own: a question never follows an answer still streaming).
+        also_default = await create_conversation(client, account.token)
         response = await client.post(
-            f"/api/conversations/{on_default}/messages/",
+            f"/api/conversations/{also_default}/messages/",
             json={"content": "Say hello", "model": "tiny"},
             headers=auth(account.token),
         )
