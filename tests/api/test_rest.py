@@ -179,6 +179,11 @@ def test_invalid_fields_elsewhere_name_the_field(daphne, account):
         conversation = new_conversation(api)
         url = f"/api/conversations/{conversation}/"
         assert_error(api.patch(url, json={"title": ["x"]}), 400, field="title")
+        for page in ("0", "-1", "abc", "1.5", "9" * 40):
+            bad = api.get(f"/api/conversations/?page={page}")
+            assert_error(bad, 400, "invalid", field="page")
+        assert api.get("/api/conversations/?page=1").status_code == 200
+        assert_error(api.get("/api/conversations/?page=99"), 404)
         # Strings only, as a message's content: 5 is not "5".
         for field, value in (("title", 5), ("system_prompt", 5), ("model", True)):
             assert_error(api.patch(url, json={field: value}), 400, field=field)
