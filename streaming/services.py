@@ -631,13 +631,20 @@ def _edit_params(old: Message, raw_params: Any, model: str) -> tuple[str, dict[s
     return model, clean_params(raw_params, model)
 
 
+def _edit_request(content: Any, raw_params: Any, model: Any) -> tuple[str, str]:
+    """The content and the checked model of an edit, from what needs no row (a bad
+    parameter is reported before a bad id)."""
+    content = _validate_content(content)
+    model = check_model(model)
+    clean_params(raw_params, model)
+    return content, model
+
+
 def check_edit(
     user: Any, message_id: Any, content: Any, raw_params: Any = None, model: Any = ""
 ) -> None:
     """Refuse now what ``edit`` would refuse whatever streams (see ``check_regeneration``)."""
-    _validate_content(content)
-    model = check_model(model)
-    clean_params(raw_params, model)
+    _, model = _edit_request(content, raw_params, model)
     _edit_params(message_for(user, message_id), raw_params, model)
 
 
@@ -676,9 +683,7 @@ def edit(
     conversation's current branch; the old question and everything below it stay.
     ``model``: the model that answers (checked; by default the conversation's)."""
     _accepting()
-    content = _validate_content(content)
-    model = check_model(model)
-    clean_params(raw_params, model)  # a bad parameter is reported before a bad id
+    content, model = _edit_request(content, raw_params, model)
     question, assistant, plan, siblings = _create_edit(user, message_id, content, raw_params, model)
     return Exchange(question, assistant, get_runtime().launch_threadsafe(plan), siblings)
 
