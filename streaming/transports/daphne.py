@@ -406,18 +406,27 @@ def install_lazy_log_fields() -> bool:
     return True
 
 
+def _websocket_protocol(hook: str, needs: Sequence[str]) -> Any | None:
+    """Daphne's WebSocket protocol class when it has the attributes ``needs``, else
+    None, reported as ``hook``'s absence."""
+    found = _daphne_modules(hook, ["daphne.ws_protocol"])
+    if found is None:
+        return None
+    protocol = found[0].WebSocketProtocol
+    if not all(hasattr(protocol, name) for name in needs):
+        unavailable(hook, "Daphne's WebSocket protocol changed shape")
+        return None
+    return protocol
+
+
 def install_closing_sends() -> bool:
     """Daphne drops frames for a WebSocket that is closing or closed; False (and
     reported) when it cannot."""
-    found = _daphne_modules(CLOSING_SENDS, ["daphne.ws_protocol"])
-    if found is None:
+    protocol = _websocket_protocol(CLOSING_SENDS, ("STATE_CLOSING", "STATE_CLOSED", "serverSend"))
+    if protocol is None:
         return False
-    protocol: Any = found[0].WebSocketProtocol
     if getattr(protocol, "closing_sends", False):
         return True
-    if not all(hasattr(protocol, a) for a in ("STATE_CLOSING", "STATE_CLOSED", "serverSend")):
-        unavailable(CLOSING_SENDS, "Daphne's WebSocket protocol changed shape")
-        return False
     server_send = protocol.serverSend
     gone = (protocol.STATE_CLOSING, protocol.STATE_CLOSED)
 
@@ -435,19 +444,23 @@ def install_closing_sends() -> bool:
 def install_close_codes() -> bool:
     """Daphne closes a WebSocket with any code RFC 6455 lets a server send; False (and
     reported) when it cannot."""
-    found = _daphne_modules(CLOSE_CODES, ["daphne.ws_protocol"])
-    if found is None:
+    protocol = _websocket_protocol(
+        CLOSE_CODES, ("serverClose", "sendCloseFrame", "CLOSE_STATUS_CODES_ALLOWED")
+    )
+    if protocol is None:
         return False
-    protocol: Any = found[0].WebSocketProtocol
     if getattr(protocol, "close_codes", False):
         return True
-    allowed = getattr(protocol, "CLOSE_STATUS_CODES_ALLOWED", None)
-    if not all(hasattr(protocol, a) for a in ("serverClose", "sendCloseFrame")) or not allowed:
+    if not protocol.CLOSE_STATUS_CODES_ALLOWED:
         unavailable(CLOSE_CODES, "Daphne's WebSocket protocol changed shape")
         return False
     server_close = protocol.serverClose
     # The ones ``sendClose`` refuses; 1000 and 3000-4999 keep Daphne's own path.
-    codes = frozenset(code for code in allowed if isinstance(code, int) and code != 1000)
+    codes = frozenset(
+        code
+        for code in protocol.CLOSE_STATUS_CODES_ALLOWED
+        if isinstance(code, int) and code != 1000
+    )
 
     def serverClose(self: Any, code: Any = None) -> None:
         if isinstance(code, int) and code in codes:
