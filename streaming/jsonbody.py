@@ -26,6 +26,12 @@ def declared_length(meta: dict[str, Any]) -> int:
         return 0
 
 
+def media_type(content_type: str | None) -> str:
+    """The media type a ``Content-Type`` declares, without its parameters (``""`` for
+    none), as sent."""
+    return (content_type or "").partition(";")[0].strip()
+
+
 def too_large_detail(limit: int) -> str:
     return f"the request body is larger than {limit} bytes"
 

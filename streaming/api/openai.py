@@ -35,7 +35,13 @@ from streaming.api.completions import (
 from streaming.auth import authenticate, header
 from streaming.conf import streaming_settings
 from streaming.errors import ServiceError, headers_of
-from streaming.jsonbody import InvalidBody, body_limit, decode_json_body, too_large_detail
+from streaming.jsonbody import (
+    InvalidBody,
+    body_limit,
+    decode_json_body,
+    media_type,
+    too_large_detail,
+)
 from streaming.logcontext import stream_context
 from streaming.reading import MessageState, SlowConsumer, Subscription
 from streaming.termination import Status
@@ -47,11 +53,6 @@ log = logging.getLogger(__name__)
 
 JSON = (b"content-type", b"application/json")
 UNAUTHENTICATED = "a valid `Authorization: Bearer <API token>` header is required"
-
-
-def media_type_of(content_type: str | None) -> str:
-    """The media type a ``Content-Type`` declares, lowercased (``""`` for none)."""
-    return (content_type or "").partition(";")[0].strip().lower()
 
 
 def unsupported_detail(media_type: str) -> str:
@@ -160,9 +161,9 @@ class ChatCompletionsConsumer(OpenAIConsumer):
     async def respond(self, user: Any, body: bytes) -> None:
         # Read as JSON only a body that says it is, as the REST API does: a body sent as
         # form data or text is a client's mistake, better named than guessed at.
-        media_type = media_type_of(header(self.scope, b"content-type"))
-        if media_type != "application/json":
-            await self.error(415, "unsupported_media_type", unsupported_detail(media_type))
+        declared = media_type(header(self.scope, b"content-type")).lower()
+        if declared != "application/json":
+            await self.error(415, "unsupported_media_type", unsupported_detail(declared))
             return
         try:
             document = decode_json_body(body)

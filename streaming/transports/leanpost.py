@@ -57,7 +57,7 @@ from django.middleware.security import SecurityMiddleware
 from streaming import database, representation, services
 from streaming.auth import cached_user, header, resolve_user, token_from_header
 from streaming.errors import ServiceError
-from streaming.jsonbody import InvalidBody, body_limit, decode_json_body
+from streaming.jsonbody import InvalidBody, body_limit, decode_json_body, media_type
 from streaming.models import Message
 from streaming.reading import MessageState
 from streaming.storable import is_storable
@@ -182,9 +182,8 @@ def _response_headers(request: ASGIRequest) -> list[tuple[bytes, bytes]]:
 
 def _declared_json(scope: dict[str, Any]) -> int | None:
     """The declared length of a JSON body within the limit, else None."""
-    media_type = (header(scope, b"content-type") or "").partition(";")[0].strip()
     length = header(scope, b"content-length")
-    if media_type != "application/json" or length is None:
+    if media_type(header(scope, b"content-type")) != "application/json" or length is None:
         return None
     if not (length.isascii() and length.isdigit()):  # not "²", which int() refuses
         return None
