@@ -71,7 +71,11 @@ class StreamLog(abc.ABC):
 
     @abc.abstractmethod
     def follow(self, message_id: str, after: int = 0) -> AsyncIterator[list[Event]]:
-        """Batches of events with seq > after; ends after a trailing ``done``."""
+        """Batches of events with seq > after; ends after a trailing ``done``. An
+        ``after`` at or past the log's last event follows from that event instead (it
+        is yielded again): a reader whose cursor is ahead of the log (a client's id from
+        another message, or made up) still learns when the message ends, where a follow
+        from its cursor would wait for a seq that never comes."""
 
     @abc.abstractmethod
     async def last_seq(self, message_id: str) -> int: ...

@@ -85,15 +85,19 @@ class MemoryStreamLog(StreamLog):
         return found if limit is None else found[:limit]
 
     async def follow(self, message_id: str, after: int = 0) -> AsyncIterator[list[Event]]:
+        cursor = after
+        entry = self._entry(message_id)
+        if entry is not None and entry.events:
+            cursor = min(after, entry.events[-1]["seq"] - 1)
         while True:
             if self._tombstones.get(message_id, 0.0) > time.time():
-                yield [deleted_done(after)]
+                yield [deleted_done(max(after, cursor))]
                 return
             entry = self._entry(message_id, create=True)
             assert entry is not None
-            batch = _after(entry.events, after)
+            batch = _after(entry.events, cursor)
             if batch:
-                after = batch[-1]["seq"]
+                cursor = batch[-1]["seq"]
                 yield batch
                 if batch[-1]["type"] == DONE:
                     return

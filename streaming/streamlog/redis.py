@@ -395,10 +395,13 @@ class RedisStreamLog(StreamLog):
 
     async def follow(self, message_id: str, after: int = 0) -> AsyncIterator[list[Event]]:
         key = self._key(message_id)
-        cursor = _entry_id(after)
+        cursor: str | None = None  # known once the log's end is read (see the contract)
         delay = RETRY_FIRST_DELAY
         while True:
             try:
+                if cursor is None:
+                    last = await self.last_seq(message_id) if after > 0 else 0
+                    cursor = _entry_id(max(min(after, last - 1), 0))
                 reply: Any = await self._redis.xread(
                     {key: cursor}, block=self.follow_block_ms, count=1000
                 )
@@ -417,7 +420,7 @@ class RedisStreamLog(StreamLog):
                 except UNAVAILABLE:
                     deleted = False
                 if deleted:
-                    yield [deleted_done(int(cursor.split("-")[0]))]
+                    yield [deleted_done(max(after, int(cursor.split("-")[0])))]
                     return
                 continue
             entries = reply[0][1]

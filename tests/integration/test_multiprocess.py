@@ -81,6 +81,39 @@ async def test_live_follow_from_another_process(daphne, account):
         assert text_of(remote_events) == text_of([e.data for e in local.events])
 
 
+async def test_a_reader_ahead_of_the_answer_on_another_process_ends_with_it(daphne, account):
+    """A cursor past the end of an answer streaming elsewhere (a made-up id, one from
+    another message) gets no events, and its stream ends when the answer does: the SSE
+    response closes (its reconnect gets 204) and the WS subscription is unsubscribed with
+    the final status."""
+    a, b = daphne("a"), daphne("b")
+    async with (
+        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+    ):
+        conversation = await create_conversation(ca, account.token)
+        message = await post_message(
+            ca, account.token, conversation, "hi",
+            simulation={"length": 30, "tokens_per_second": 30},
+        )  # fmt: skip
+        ws = await ChatSocket.connect(b.ws_url, account.token)
+        await ws.send({"type": "subscribe", "message_id": message["id"], "after": 500})
+        subscribed = await ws.recv()
+        assert (subscribed["type"], subscribed["status"]) == ("subscribed", "streaming")
+        sse = await read_sse(cb, account.token, message["id"], last_event_id=500)
+        assert (sse.status, sse.events) == (200, [])
+        ended = await asyncio.wait_for(ws.recv(), 30)
+        await ws.close()
+        assert ended == {
+            "type": "unsubscribed",
+            "message_id": message["id"],
+            "after": 500,
+            "status": "complete",
+        }
+        again = await read_sse(cb, account.token, message["id"], last_event_id=500)
+        assert again.status == 204
+
+
 async def test_stop_from_another_process_cancels_the_generation(daphne, account, emulator):
     env = {"ENGINE_URL": emulator, "ENGINE_MODEL": "test-model"}
     a, b = daphne("a", **env), daphne("b", **env)

@@ -78,6 +78,36 @@ async def test_follow_replays_then_follows_live_until_done(log: StreamLog):
     assert received[-1]["type"] == "done"
 
 
+@pytest.mark.parametrize("ahead", [0, 1, 500])
+async def test_a_follower_at_or_past_the_end_learns_when_the_log_ends(log: StreamLog, ahead: int):
+    """A cursor ahead of the log (a client's, made up) must not wait for a seq that never
+    comes: the follow starts at the log's last event, which it yields again."""
+    mid = str(uuid.uuid4())
+    await log.append(mid, deltas(1, 3))
+    received: list[dict] = []
+    first_batch = asyncio.Event()
+
+    async def follow() -> None:
+        async for batch in log.follow(mid, 3 + ahead):
+            received.extend(batch)
+            first_batch.set()
+
+    task = asyncio.create_task(follow())
+    await first_batch.wait()
+    assert [e["seq"] for e in received] == [3]
+    await log.append(mid, [events.done(4, segment=0, termination={"status": "complete"})])
+    await asyncio.wait_for(task, 10)
+    assert [e["seq"] for e in received] == [3, 4]
+
+
+async def test_a_follower_past_an_ended_log_ends_with_its_done(log: StreamLog):
+    mid = str(uuid.uuid4())
+    await log.append(mid, deltas(1, 2))
+    await log.append(mid, [events.done(3, segment=0, termination={"status": "complete"})])
+    got = [e async for batch in log.follow(mid, 50) for e in batch]
+    assert [(e["type"], e["seq"]) for e in got] == [("done", 3)]
+
+
 async def test_duplicate_or_older_seq_is_rejected(log: StreamLog):
     mid = str(uuid.uuid4())
     await log.append(mid, deltas(1, 2))
