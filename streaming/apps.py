@@ -9,6 +9,7 @@ class StreamingConfig(AppConfig):
     def ready(self) -> None:
         """Wire the upward paths: the layers below the services signal, the services act."""
         from django.contrib.auth import get_user_model
+        from django.contrib.auth.signals import user_logged_out
         from django.db.models.signals import post_delete, post_save
         from rest_framework.authtoken.models import Token
 
@@ -26,4 +27,5 @@ class StreamingConfig(AppConfig):
         user = get_user_model()
         post_save.connect(tokens.user_changed, sender=user, dispatch_uid="streaming.user-saved")
         post_delete.connect(tokens.user_changed, sender=user, dispatch_uid="streaming.user-gone")
+        user_logged_out.connect(tokens.logged_out, dispatch_uid="streaming.logout")
         tokens.cache().broadcast = lambda user_id: get_runtime().revoke_tokens(user_id)

@@ -11,8 +11,10 @@ thread, on every stream open and WebSocket handshake).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Any, cast
 
+from django.conf import settings
 from django.contrib.auth import get_user
 from django.contrib.auth.models import AnonymousUser
 from django.http import HttpRequest
@@ -68,16 +70,26 @@ class _SessionOf:
     session: Any
 
 
+def session_user(scope: dict[str, Any]) -> Any:
+    """The user of the scope's session as the session store holds it now: read afresh on
+    every call, never from the copy loaded at the handshake, so that a socket's recheck
+    sees a logout (the session flushed) or a password change (its hash no longer
+    matching) as a new request would."""
+    session = scope.get("session")
+    key = session.session_key if session is not None else None
+    if not key:
+        return AnonymousUser()
+    store = import_module(settings.SESSION_ENGINE).SessionStore(key)
+    return get_user(cast(HttpRequest, _SessionOf(store)))
+
+
 def resolve_user(scope: dict[str, Any]) -> Any:
     """The caller's user (synchronous: a database thread resolves it, together with what
     the caller asked for, in one trip)."""
     key = token_from_header(header(scope, b"authorization"))
     if key is not None:
         return _user_for_token(key) if key else AnonymousUser()
-    session = scope.get("session")
-    if session is None:
-        return AnonymousUser()
-    return get_user(cast(HttpRequest, _SessionOf(session)))
+    return session_user(scope)
 
 
 async def authenticate(scope: dict[str, Any]) -> Any:

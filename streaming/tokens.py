@@ -25,6 +25,7 @@ from typing import Any
 from django.db import connections, router
 
 from streaming.rows import Reader
+from streaming.storable import is_storable
 
 # Entries kept at most (least recently used go first).
 MAX_ENTRIES = 10_000
@@ -143,6 +144,8 @@ def _lookup(key: str) -> Any | None:
     fields' converters, so the user is what that query would give."""
     from rest_framework.authtoken.models import Token
 
+    if not is_storable(key):
+        return None  # no stored key holds such text, and the database would refuse it
     alias = router.db_for_read(Token)
     rows = _lookup_reader(alias).fetch([key])
     return rows[0] if rows else None
@@ -171,3 +174,14 @@ def token_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
 def user_changed(sender: Any, instance: Any, created: bool = False, **kwargs: Any) -> None:
     if instance.pk is not None and not created:  # a new user has no entries yet
         cache().revoked(instance.pk)
+
+
+def logged_out(sender: Any, request: Any, user: Any = None, **kwargs: Any) -> None:
+    """A logout ends the access of the sockets opened with its session: they check their
+    credentials again, as after a revocation. Django sends this signal before it flushes
+    the session, so the session is flushed here first: the recheck must find it gone
+    (flushing it again after is a no-op)."""
+    if user is None or user.pk is None:
+        return
+    request.session.flush()
+    cache().revoked(user.pk)

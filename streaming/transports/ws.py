@@ -278,6 +278,12 @@ class ChatConsumer(LoopWebsocketConsumer):
         user = await user_for_token(token)
         if not user.is_authenticated:
             raise FrameError("not_authenticated", "invalid token")
+        if self._authenticated() and user.pk != self.user.pk:
+            # The socket's subscriptions, feed and revocation checks are its user's:
+            # another user takes another socket.
+            raise FrameError(
+                "conflict", "this socket is authenticated as another user; open a new one", "token"
+            )
         self.user, self.token = user, token
         await self._reply(frame, {"type": "authenticated", "user": user.get_username()})
 

@@ -186,6 +186,37 @@ async def test_unauthenticated_socket_can_only_ping_or_authenticate(daphne, acco
         assert (await error_for(ws, json.dumps({"type": "auth", "token": 12})))[
             "code"
         ] == "invalid_frame"
+        # Text no key can hold (the database would refuse it) is an unknown token.
+        for unstorable in ("a\u0000b", "\ud800", account.token + "\u0000"):
+            frame = json.dumps({"type": "auth", "token": unstorable})
+            assert (await error_for(ws, frame))["code"] == "not_authenticated", unstorable
+        await ws.send(json.dumps({"type": "auth", "token": account.token}))
+        assert (await next_reply(ws))["type"] == "authenticated"
+
+
+async def test_a_socket_keeps_the_user_it_authenticated(daphne, account, other_account):
+    """Its subscriptions, feed and revocation checks are its user's: an auth frame for
+    another user is refused (naming the token) and changes nothing; the same user's other
+    token is taken."""
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        mine = await post_message(
+            client, account.token, conversation, "mine", simulation={"length": 3}
+        )
+    async with (
+        connect(server, account.token) as ws,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
+        frame = json.dumps({"type": "auth", "token": other_account.token})
+        refused = await error_for(ws, frame)
+        assert (refused["code"], refused["field"]) == ("conflict", "token")
+        await ws.send(json.dumps({"type": "subscribe", "message_id": mine["id"]}))
+        assert (await next_reply(ws))["type"] == "subscribed"
+        assert (
+            await stream_to_end(ws, mine["id"])
+            == (await wait_for_status(client, account.token, mine["id"]))["content"]
+        )
         await ws.send(json.dumps({"type": "auth", "token": account.token}))
         assert (await next_reply(ws))["type"] == "authenticated"
 

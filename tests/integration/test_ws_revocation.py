@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 import websockets
 from asgiref.sync import sync_to_async
@@ -66,3 +67,43 @@ async def test_revoked_credentials_close_the_users_sockets_everywhere(
     for ws in others:
         assert await still_open(ws)
         await ws.close()
+
+
+async def _log_in(server, account) -> httpx.AsyncClient:
+    """A browser's session on ``server``, signed in through the login form."""
+    browser = httpx.AsyncClient(base_url=server.url, timeout=30)
+    await browser.get("/accounts/login/")
+    signed_in = await browser.post(
+        "/accounts/login/",
+        data={
+            "username": account.username,
+            "password": account.password,
+            "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+        },
+    )
+    assert signed_in.status_code == 302, signed_in.text
+    return browser
+
+
+async def test_a_logout_closes_the_sockets_of_that_session_everywhere(daphne, account, needs_redis):
+    """A socket opened with the session cookie ends with the session: the logout (on any
+    process) closes it with 4401, while a socket of the same user's other session stays."""
+    a, b = daphne("a"), daphne("b")
+    leaving, staying = await _log_in(a, account), await _log_in(a, account)
+    sockets = []
+    for browser in (leaving, staying):
+        cookie = f"sessionid={browser.cookies['sessionid']}"
+        ws = await ChatSocket.connect(b.ws_url, origin=b.url, headers={"Cookie": cookie})
+        assert await still_open(ws)
+        await ws.send({"type": "subscribe", "topic": "user"})
+        assert (await ws.recv())["type"] == "subscribed", "the cookie authenticated it"
+        sockets.append(ws)
+    out = await leaving.post(
+        "/accounts/logout/", headers={"X-CSRFToken": leaving.cookies["csrftoken"]}
+    )
+    assert out.status_code in (200, 302), out.text
+    assert await close_code(sockets[0]) == REVOKED
+    assert await still_open(sockets[1])
+    await sockets[1].close()
+    for browser in (leaving, staying):
+        await browser.aclose()

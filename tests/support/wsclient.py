@@ -14,9 +14,14 @@ class ChatSocket:
 
     @classmethod
     async def connect(
-        cls, ws_url: str, token: str | None = None, origin: str | None = None, **kwargs: Any
+        cls,
+        ws_url: str,
+        token: str | None = None,
+        origin: str | None = None,
+        headers: dict[str, str] | None = None,
+        **kwargs: Any,
     ) -> ChatSocket:
-        headers = {"Authorization": f"Token {token}"} if token else {}
+        headers = {**(headers or {}), **({"Authorization": f"Token {token}"} if token else {})}
         conn = await websockets.connect(
             f"{ws_url}/ws/chat/", additional_headers=headers, origin=origin, **kwargs
         )

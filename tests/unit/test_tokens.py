@@ -53,10 +53,17 @@ def test_an_unknown_key_is_never_cached(cache, token):
 
 
 def test_a_deleted_token_is_gone_at_once(cache, token):
-    assert cache.user_for(token.key) is not None
-    token.delete()
-    found, counted = queries(lambda: cache.user_for(token.key))
+    key = token.key
+    assert cache.user_for(key) is not None
+    token.delete()  # leaves token.key None
+    found, counted = queries(lambda: cache.user_for(key))
     assert (found, counted) == (None, 1)
+
+
+def test_a_key_no_row_can_hold_is_unknown_without_a_query(cache):
+    """NUL and unpaired surrogates: PostgreSQL would refuse the query itself."""
+    for key in ("a\x00b", "\ud800"):
+        assert queries(lambda key=key: cache.user_for(key)) == (None, 0)
 
 
 def test_a_deactivated_user_is_refused_at_once(cache, token):
