@@ -168,11 +168,31 @@ def create_conversation(
     return conversation
 
 
-def update_conversation(user: Any, conversation: Conversation, changes: dict[str, Any]) -> None:
-    """Save changed fields (``title``, ``system_prompt``, ``model``) of one of the user's
-    conversations, as validated by the caller (``model`` is checked here)."""
+def update_conversation(
+    user: Any,
+    conversation_id: Any,
+    changes: dict[str, Any],
+    *,
+    switch: bool = False,
+    current_leaf: Any = None,
+) -> Conversation:
+    """Save changed fields (``title``, ``system_prompt``, ``model``, as validated by the
+    caller; ``model`` is checked here) of one of the user's conversations and, when
+    ``switch``, show the branch through ``current_leaf`` (``show_branch``). All or
+    nothing: a refused change (an unknown model, a message of another conversation)
+    leaves the conversation as it was."""
     if "model" in changes:
         changes = {**changes, "model": check_model(changes["model"])}
+    with transaction.atomic():
+        conversation = conversation_for(user, conversation_id, lock=True)
+        if switch:
+            _show_branch(user, conversation, current_leaf)
+        if changes:
+            _save_changes(user, conversation, changes)
+    return conversation
+
+
+def _save_changes(user: Any, conversation: Conversation, changes: dict[str, Any]) -> None:
     for name, value in changes.items():
         setattr(conversation, name, value)
     fields = [*changes, "updated_at"]
@@ -296,7 +316,7 @@ def _create_exchange(
             tree = History(conversation.id)
             history = tree.path(parent_id)
             siblings_before = [] if prior else tree.children(parent_id)
-            _refuse_following_a_stream(history)
+            _refuse_streaming_path(history)
         _check_tool_results(history, [*prior, asked])
         earlier: list[Message] = []
         for turn in prior:
@@ -341,14 +361,16 @@ def _create_exchange(
     return user_message, assistant, plan, siblings
 
 
-def _refuse_following_a_stream(history: list[Message]) -> None:
-    """409 while the message a new one would follow is an answer still streaming: its
-    text is not known yet, so the new answer's prompt would lack what the conversation
-    shows above it (the chat page's Send waits for the end, as Stop is offered)."""
-    if history and history[-1].status == Status.STREAMING:
+def _refuse_streaming_path(path: list[Message]) -> None:
+    """409 while an answer on ``path`` (the messages a new answer's prompt is built
+    from) streams, the last one or one above it that a Continue extends: its text is not
+    known yet, so the new answer's prompt would lack what the conversation shows there
+    (the chat page's Send waits for the end, as Stop is offered)."""
+    streaming = next((m for m in reversed(path) if m.status == Status.STREAMING), None)
+    if streaming is not None:
         raise Conflict(
-            "the answer above is still streaming; wait for its end or stop it "
-            f"(POST /api/messages/{history[-1].id}/cancel/) first"
+            "an answer above is still streaming; wait for its end or stop it "
+            f"(POST /api/messages/{streaming.id}/cancel/) first"
         )
 
 
@@ -508,6 +530,10 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
                 "start a new conversation instead"
             )
         _check_capacity(user)
+        conversation = message.conversation
+        # The path down to the answer, the answer itself last (with its reasoning).
+        history = path_messages(conversation.id, message.id)[:-1]
+        _refuse_streaming_path(history)
         last = message.segments.order_by("-index").first()
         index = last.index + 1 if last else 0
         first_seq = message.last_seq + 1
@@ -521,7 +547,6 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
         )
         message.status = Status.STREAMING
         message.save(update_fields=["status", "updated_at"])
-        conversation = message.conversation
         _notify(
             conversation.owner_id,
             _event(
@@ -531,8 +556,6 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
                 after=first_seq - 1,
             ),
         )
-        # The path down to the answer, the answer itself last (with its reasoning).
-        history = path_messages(conversation.id, message.id)[:-1]
         plan = SegmentPlan(
             message_id=str(message.id),
             conversation_id=str(conversation.id),
@@ -604,9 +627,9 @@ def _create_regeneration(
         conversation = old.conversation
         _check_capacity(user)
         tree = History(conversation.id)
-        assistant, plan = _start_answer(
-            user, conversation, tree.path(old.parent_id), params, model, None
-        )
+        prompt = tree.path(old.parent_id)
+        _refuse_streaming_path(prompt)
+        assistant, plan = _start_answer(user, conversation, prompt, params, model, None)
         _notify(user.pk, _created(None, assistant))
         siblings = {str(assistant.id): [*tree.children(old.parent_id), str(assistant.id)]}
     return assistant, plan, siblings
@@ -657,12 +680,14 @@ def _create_edit(
         _refuse_streaming_branch(old, "edit it")
         _check_capacity(user)
         conversation = old.conversation
-        question = _ask(conversation, old.parent_id, content)
         tree = History(conversation.id)
+        prompt = tree.path(old.parent_id)
+        _refuse_streaming_path(prompt)
+        question = _ask(conversation, old.parent_id, content)
         assistant, plan = _start_answer(
             user,
             conversation,
-            [*tree.path(old.parent_id), question],
+            [*prompt, question],
             params,
             model,
             None,
@@ -731,26 +756,24 @@ async def stop_branch(user: Any, message_id: Any) -> None:
         await stop_answers(running)
 
 
-def switch_branch(user: Any, conversation_id: Any, message_id: Any) -> Conversation:
+def _show_branch(user: Any, conversation: Conversation, message_id: Any) -> None:
     """Show and continue the branch through ``message_id`` (down its latest answers to a
-    leaf). ``NotFound`` for a message that is not in this conversation of the user's."""
-    with transaction.atomic():
-        conversation = conversation_for(user, conversation_id, lock=True)
-        tree = tree_of(conversation.id)
-        if message_id is None or message_id not in tree:
-            raise NotFound("message not found in this conversation", field="current_leaf")
-        conversation.current_leaf_id = tree.leaf_below(message_id)
-        # Looking at another branch is not activity: the conversation keeps its place.
-        conversation.save(update_fields=["current_leaf"])
-        _notify(
-            user.pk,
-            _event(
-                "branch.switched",
-                conversation=str(conversation.id),
-                current_leaf=str(conversation.current_leaf_id),
-            ),
-        )
-    return conversation
+    leaf). ``NotFound`` for a message that is not in ``conversation`` (locked by the
+    caller)."""
+    tree = tree_of(conversation.id)
+    if message_id is None or message_id not in tree:
+        raise NotFound("message not found in this conversation", field="current_leaf")
+    conversation.current_leaf_id = tree.leaf_below(message_id)
+    # Looking at another branch is not activity: the conversation keeps its place.
+    conversation.save(update_fields=["current_leaf"])
+    _notify(
+        user.pk,
+        _event(
+            "branch.switched",
+            conversation=str(conversation.id),
+            current_leaf=str(conversation.current_leaf_id),
+        ),
+    )
 
 
 async def continue_interrupted(message_id: str, **kwargs: Any) -> None:

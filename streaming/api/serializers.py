@@ -35,8 +35,28 @@ class TextField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class UUIDText(serializers.UUIDField):
+    """An id as a string: DRF would also take a number (``123`` as the UUID of that int)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
+class Flag(serializers.BooleanField):
+    """``true`` or ``false``, as the WebSocket frames take them: DRF would also take
+    ``"yes"``, ``"on"``, ``1`` and their opposites, which a client typing a flag wrongly
+    should be told about rather than have read."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            raise serializers.ValidationError("must be true or false", code="invalid")
+        return data
+
+
 class ConversationSerializer(serializers.ModelSerializer):
-    current_leaf = serializers.UUIDField(
+    current_leaf = UUIDText(
         source="current_leaf_id",
         required=False,
         help_text="the last message of the branch shown and continued; PATCH it with any "
@@ -240,13 +260,11 @@ class RegenerateSerializer(serializers.Serializer):
     params = GenerationParamsField(
         required=False, allow_null=True, help_text="default: the old answer's parameters"
     )
-    stop = serializers.BooleanField(
-        required=False, default=False, help_text="stop the old answer first if it streams"
-    )
+    stop = Flag(required=False, default=False, help_text="stop the old answer first if it streams")
 
 
 class EditSerializer(PostMessageSerializer):
-    stop = serializers.BooleanField(
+    stop = Flag(
         required=False, default=False, help_text="stop the branch below first if it streams"
     )
 

@@ -127,15 +127,15 @@ class ConversationDetail(JSONView, generics.RetrieveUpdateDestroyAPIView):
         return selectors.conversations_of(self.request.user)
 
     def perform_update(self, serializer: BaseSerializer[Any]) -> None:
-        leaf = serializer.validated_data.pop("current_leaf_id", None)
-        if "current_leaf" in self.request.data:
-            serializer.instance = services.switch_branch(
-                self.request.user, self.kwargs["conversation_id"], leaf
-            )
-        if serializer.validated_data:
-            conversation = serializer.instance
-            assert isinstance(conversation, Conversation)
-            services.update_conversation(self.request.user, conversation, serializer.validated_data)
+        changes = dict(serializer.validated_data)
+        leaf = changes.pop("current_leaf_id", None)
+        serializer.instance = services.update_conversation(
+            self.request.user,
+            self.kwargs["conversation_id"],
+            changes,
+            switch="current_leaf" in self.request.data,
+            current_leaf=leaf,
+        )
 
     @extend_schema(responses={204: None, **ERRORS})
     def delete(self, request: Request, *args: Any, **kwargs: Any) -> Response:

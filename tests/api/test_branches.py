@@ -187,6 +187,30 @@ def test_switching_to_a_message_of_another_conversation_is_not_found(
     assert len(branch(api, conversation, tree=True)) == 6, "nothing was added"
 
 
+def test_a_refused_patch_changes_nothing(three_turns) -> None:
+    """A branch switch and a field change in one PATCH are one change: when any part is
+    refused, none is made; an id that is not a string is a 400 naming it."""
+    api, conversation, turns, _ = three_turns
+    url = f"/api/conversations/{conversation}/"
+    # Two branches, the new one shown: the PATCHes below would switch to the old one.
+    created(api.post(f"/api/messages/{turns[1]['message']['id']}/regenerate/?wait=true"))
+    before = api.get(url).json()
+    first = turns[2]["message"]["id"]
+    assert before["current_leaf"] != first
+    for body, status, field in (
+        ({"current_leaf": first, "model": "no-such-model"}, 400, "model"),
+        ({"current_leaf": first, "title": 5}, 400, "title"),
+        ({"current_leaf": 123}, 400, "current_leaf"),
+        ({"current_leaf": first, "title": "x" * 201}, 400, "title"),
+    ):
+        assert_error(api.patch(url, json=body), status, field=field)
+        assert api.get(url).json() == before, body
+    switched = api.patch(url, json={"current_leaf": first, "title": "renamed"})
+    assert switched.status_code == 200, switched.text
+    assert (switched.json()["current_leaf"], switched.json()["title"]) == (first, "renamed")
+    assert api.get(url).json() == switched.json()
+
+
 def test_regenerate_a_question_or_edit_an_answer_is_a_clear_400(three_turns) -> None:
     api, conversation, turns, _ = three_turns
     question, answer = turns[0]["user_message"]["id"], turns[0]["message"]["id"]
@@ -260,6 +284,15 @@ def test_a_streaming_branch_is_refused_or_stopped_first(daphne, account) -> None
         for path, body, code in refused:
             assert_error(api.post(f"/api/messages/{path}", json=body), 400, code)
             assert api.get(f"/api/messages/{answer}/").json()["status"] == "streaming", path
+        # "stop" is true or false: a string or a number is refused, not read as either.
+        for flag in ("yes", "true", 1, "on", None):
+            for path, body in (
+                (f"{answer}/regenerate/", {"stop": flag}),
+                (f"{question}/edit/", {"stop": flag, "content": "x"}),
+            ):
+                refused_flag = api.post(f"/api/messages/{path}", json=body)
+                assert_error(refused_flag, 400, field="stop")
+        assert api.get(f"/api/messages/{answer}/").json()["status"] == "streaming"
 
         again = created(
             api.post(
@@ -270,6 +303,38 @@ def test_a_streaming_branch_is_refused_or_stopped_first(daphne, account) -> None
         assert again["status"] == "complete"
         assert api.get(f"/api/messages/{answer}/").json()["status"] == "cancelled"
         assert again["siblings"] == [answer, again["id"]]
+
+
+def test_an_answer_above_being_continued_holds_what_would_follow_it(daphne, account) -> None:
+    """A Continue of an answer further up streams into the path of every prompt below it:
+    a question after the branch, a regenerate or an edit there would be answered without
+    the text the conversation will show above them, so each is refused while it streams."""
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        url = f"/api/conversations/{conversation}/messages/"
+        long = {"simulation": {"length": 2000, "tokens_per_second": 20, "ttft_ms": 0}}
+        first = created(api.post(url, json={"content": "one", "params": long}))["message"]
+        cancelled = api.post(f"/api/messages/{first['id']}/cancel/")
+        assert cancelled.json()["status"] == "cancelled", cancelled.text
+        short = {"simulation": {"length": 3, "ttft_ms": 0}}
+        second = created(api.post(f"{url}?wait=true", json={"content": "two", "params": short}))
+        resumed = api.post(f"/api/messages/{first['id']}/continue/")
+        assert resumed.json()["status"] == "streaming", resumed.text
+
+        refused = [
+            api.post(url, json={"content": "three"}),
+            api.post(f"/api/messages/{second['message']['id']}/regenerate/"),
+            api.post(f"/api/messages/{second['user_message']['id']}/edit/", json={"content": "2"}),
+            api.post(f"/api/messages/{second['message']['id']}/regenerate/", json={"stop": True}),
+        ]
+        for response in refused:
+            assert first["id"] in assert_error(response, 409, "conflict")["message"]
+        assert api.get(f"/api/messages/{first['id']}/").json()["status"] == "streaming"
+        assert len(branch(api, conversation)) == 4, "nothing was added"
+
+        api.post(f"/api/messages/{first['id']}/cancel/")
+        created(api.post(url, json={"content": "three", "params": short}))
 
 
 def test_continue_works_on_an_answer_of_another_branch(three_turns, emulator) -> None:
