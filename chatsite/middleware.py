@@ -25,6 +25,8 @@ from django_prometheus.middleware import PrometheusAfterMiddleware as _Prometheu
 from django_prometheus.middleware import PrometheusBeforeMiddleware as _PrometheusBefore
 from whitenoise.middleware import WhiteNoiseMiddleware as _WhiteNoise
 
+from streaming.api.errors import JSON_PREFIXES
+
 
 def _sync_only(middleware: type) -> Any:
     named = {"__module__": __name__, "__doc__": middleware.__doc__}
@@ -35,7 +37,20 @@ PrometheusBeforeMiddleware = _sync_only(_PrometheusBefore)
 SecurityMiddleware = _sync_only(_Security)
 WhiteNoiseMiddleware = _sync_only(_WhiteNoise)
 SessionMiddleware = _sync_only(_Session)
-CommonMiddleware = _sync_only(_Common)
+
+
+class _CommonWithoutAPIRedirects(_Common):
+    """No redirect to the URL with a slash under ``/api/`` and ``/v1/``: a client follows
+    a 301 with a GET, so a POST would lose its method and body on the way (Django's debug
+    mode raises instead). The JSON 404 names the URL with the slash."""
+
+    def should_redirect_with_slash(self, request: Any) -> bool:
+        if request.path_info.startswith(JSON_PREFIXES):
+            return False
+        return bool(super().should_redirect_with_slash(request))
+
+
+CommonMiddleware = _sync_only(_CommonWithoutAPIRedirects)
 CsrfViewMiddleware = _sync_only(_CsrfView)
 AuthenticationMiddleware = _sync_only(_Authentication)
 MessageMiddleware = _sync_only(_Message)

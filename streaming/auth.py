@@ -30,12 +30,15 @@ def header(scope: dict[str, Any], name: bytes) -> str | None:
 
 
 def token_from_header(value: str | None) -> str | None:
+    """The key of an ``Authorization`` header (None: no header; "": present but not a
+    token, which never falls back to the session). Read as DRF reads it for the REST
+    API: two parts split on ASCII whitespace, so one header means the same everywhere."""
     if not value:
         return None
-    scheme, _, key = value.strip().partition(" ")
-    if scheme.lower() in ("token", "bearer") and key.strip():
-        return key.strip()
-    return ""  # present but malformed: never fall back to the session
+    parts = value.encode("latin-1").split()
+    if len(parts) == 2 and parts[0].lower() in (b"token", b"bearer"):
+        return parts[1].decode("latin-1")
+    return ""
 
 
 def token_user(key: str) -> Any | None:

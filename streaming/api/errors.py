@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.urls import is_valid_path
 from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -60,6 +61,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     field = None
     if isinstance(exc, exceptions.ValidationError):
         field, message = _first_field_error(exc.detail)
+        # An error of no field is the body's as a whole (an array where an object goes).
+        field = field or "body"
     elif isinstance(exc, exceptions.APIException):
         message = str(exc.detail)
         if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
@@ -96,6 +99,9 @@ def permission_denied(request: HttpRequest, exception: Exception) -> HttpRespons
 
 def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     if _wants_json(request):
+        urlconf = getattr(request, "urlconf", None)
+        if not request.path.endswith("/") and is_valid_path(f"{request.path_info}/", urlconf):
+            return _json(404, f"not found; the URL ends with a slash: {request.path}/")
         return _json(404, "not found")
     return defaults.page_not_found(request, exception)
 

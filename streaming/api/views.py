@@ -15,7 +15,9 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.permissions import SAFE_METHODS
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
@@ -58,12 +60,23 @@ STARTED = {
 POST_RESPONSES = {201: ExchangeSerializer, **ERRORS, 429: STARTED[429]}
 
 
+class JSONOnly(DefaultContentNegotiation):
+    """JSON whatever the client asks for: no ``Accept`` or ``?format=`` turns an answer
+    or an error into DRF's browsable HTML (or a 404 for a format it does not know).
+    Bodies are still chosen by their ``Content-Type`` (415 for anything but JSON)."""
+
+    def select_renderer(self, request: Request, renderers: Any, format_suffix: Any = None) -> Any:
+        return renderers[0], renderers[0].media_type
+
+
 class JSONView(APIView):
     """Every API view: JSON bodies only, bounded and valid UTF-8 on every unsafe method,
     checked after authentication so anonymous callers learn nothing about the body rules."""
 
     authentication_classes = AUTHENTICATION_CLASSES
     parser_classes = [JSONBodyParser]
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = JSONOnly
 
     def initialize_request(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Request:
         """A chunked body (no ``Content-Length``) is read here, at most one byte past the

@@ -95,3 +95,24 @@ def test_drf_create_token_command_makes_a_working_token(transactional_db):
         Client(HTTP_AUTHORIZATION=f"Token {key[::-1]}").get("/api/conversations/").status_code
         == 401
     )
+
+
+def test_one_authorization_header_means_the_same_everywhere(daphne, account):
+    """The REST API (DRF) splits the header on any ASCII whitespace: the streams, the
+    OpenAI endpoint and the WebSocket handshake read it the same way."""
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        message = post(api, conversation, "hi", wait=True, text="ok").json()["message"]["id"]
+    taken, refused = 200, 401
+    for header, expected in (
+        (f"Token\t{account.token}", taken),
+        (f"Bearer  {account.token}", taken),
+        (f"Token {account.token} x", refused),
+        (f"Token\xa0{account.token}", refused),
+    ):
+        with httpx.Client(
+            base_url=server.url, headers={"Authorization": header.encode("latin-1")}
+        ) as caller:
+            for path in ("/api/conversations/", f"/api/messages/{message}/stream/", "/v1/models"):
+                assert caller.get(path).status_code == expected, (header, path)

@@ -195,6 +195,39 @@ def test_invalid_fields_elsewhere_name_the_field(daphne, account):
         assert_error(form, 415, "unsupported_media_type")
 
 
+def test_the_api_answers_json_whatever_the_client_asks(daphne, account):
+    """No Accept header or ?format= turns an answer or an error into HTML; a URL without
+    its trailing slash is a JSON 404 naming the right one, never a redirect that would
+    turn a POST into a GET; a body that is not an object names the body."""
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        url = f"/api/conversations/{conversation}/"
+        for headers, query in (
+            ({"Accept": "text/html"}, ""),
+            ({"Accept": "application/xml"}, ""),
+            ({}, "?format=api"),
+            ({}, "?format=xml"),
+        ):
+            found = api.get(url + query, headers=headers)
+            assert found.status_code == 200, (headers, query, found.text)
+            assert found.json()["id"] == conversation
+            refused = api.patch(url + query, json={"title": 5}, headers=headers)
+            assert_error(refused, 400, field="title")
+        for method, path in (
+            ("POST", "/api/conversations"),
+            ("PATCH", url.rstrip("/")),
+            ("GET", f"/api/conversations/{conversation}/messages"),
+        ):
+            missing = api.request(method, path, json={"title": "x"})
+            error = assert_error(missing, 404, "not_found")
+            assert error["message"].endswith(f"{path}/"), error
+        for body in ([{"content": "hi"}], "hi", 5):
+            posted = api.post(f"{url}messages/", json=body)
+            assert_error(posted, 400, field="body")
+        assert api.get(url).json()["title"] == ""
+
+
 def test_another_users_objects_answer_404(daphne, account, other_account):
     server = daphne()
     with client(server, account.token) as owner, client(server, other_account.token) as other:

@@ -51,3 +51,22 @@ async def test_an_unknown_or_malformed_token_is_anonymous(token: Token, trips: l
     assert not (await auth.authenticate(_scope("Token"))).is_authenticated
     assert not (await auth.user_for_token("0" * 40)).is_authenticated
     assert trips == ["resolve_user", "_user_for_token"], "a malformed header is not looked up"
+
+
+@pytest.mark.parametrize(
+    ("header", "key"),
+    [
+        ("Token abc", "abc"),
+        ("bearer abc", "abc"),
+        ("Token\tabc", "abc"),
+        ("  Token   abc  ", "abc"),
+        ("Token a b", ""),
+        ("Token", ""),
+        ("Basic abc", ""),
+        ("Token\xa0abc", ""),  # not ASCII whitespace: one part, as DRF reads it
+        (None, None),
+        ("", None),
+    ],
+)
+def test_a_header_names_the_key_the_rest_api_reads(header: str | None, key: str | None) -> None:
+    assert auth.token_from_header(header) == key
