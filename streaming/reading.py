@@ -43,7 +43,7 @@ def parse_cursor(value: Any, name: str, *, text: bool) -> int:
     parameter), a JSON integer otherwise; ``InvalidCursor`` naming ``name`` if it is not a
     non-negative integer of at most ``MAX_CURSOR_DIGITS`` digits."""
     if text and isinstance(value, str):
-        raw = value.strip()
+        raw = value.strip(" \t")  # what HTTP lets pad a header; not str.strip's NBSP or \x1c
         if raw.isascii() and raw.isdigit() and len(raw) <= MAX_CURSOR_DIGITS:
             return int(raw)
     elif (

@@ -47,6 +47,7 @@ from streaming.reading import MessageState, SlowConsumer, Subscription
 from streaming.termination import Status
 from streaming.transports import eventstream
 from streaming.transports.daphne import SendBuffer
+from streaming.transports.hosts import REFUSED, allowed_host
 from streaming.transports.tasked import TaskedHttpConsumer
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,12 @@ class OpenAIConsumer(TaskedHttpConsumer):
         self.respond_in_task(self.answer(b"".join(self.body)))
 
     async def answer(self, body: bytes) -> None:
-        """Method, then authentication, then the body limit - as the REST API checks them."""
+        """Host, method, then authentication, then the body limit - as the REST API
+        checks them."""
         try:
+            if allowed_host(self.scope) is None:
+                await self.error(400, "invalid", REFUSED)
+                return
             if self.scope["method"] != self.method:
                 allow = [(b"allow", self.method.encode())]
                 await self.error(405, "method_not_allowed", f"use {self.method}", allow)

@@ -27,6 +27,7 @@ from streaming.logcontext import stream_context
 from streaming.reading import SlowConsumer, Subscription, has_more, parse_cursor
 from streaming.transports import eventstream
 from streaming.transports.daphne import SendBuffer, frame_send
+from streaming.transports.hosts import REFUSED, allowed_host
 from streaming.transports.tasked import TaskedHttpConsumer
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ STREAM_HEADERS = [*eventstream.HEADERS, (b"vary", b"Authorization, Cookie")]
 def cursor_of(scope: dict[str, Any]) -> int:
     """``Last-Event-ID`` wins over ``?after=``; an empty header falls back to the query."""
     raw = header(scope, b"last-event-id")
-    if raw is not None and raw.strip():
+    if raw is not None and raw.strip(" \t"):
         return parse_cursor(raw, "Last-Event-ID", text=True)
     values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("after")
     return parse_cursor(values[-1], "after", text=True) if values else 0
@@ -61,6 +62,9 @@ class MessageStreamConsumer(TaskedHttpConsumer):
     async def open_stream(self) -> bool:
         """Answer errors at once; start the stream task. False when the response is done."""
         scope = self.scope
+        if allowed_host(scope) is None:
+            await self.error(400, "invalid", REFUSED)
+            return False
         if scope["method"] != "GET":
             await self.error(405, "method_not_allowed", "use GET", [(b"allow", b"GET")])
             return False

@@ -18,10 +18,10 @@ from urllib.parse import urlsplit
 
 from channels.sessions import SessionMiddlewareStack
 from django.conf import settings
-from django.http.request import split_domain_port, validate_host
 from django.utils.http import is_same_domain
 
 from streaming.auth import header, token_from_header
+from streaming.transports.hosts import allowed_host
 
 
 def origin_allowed(origin: str, scope: dict[str, Any]) -> bool:
@@ -38,11 +38,8 @@ def origin_allowed(origin: str, scope: dict[str, Any]) -> bool:
             return True
         if netloc.startswith("*.") and is_same_domain(parts.netloc.lower(), netloc[1:]):
             return True
-    host = header(scope, b"host")
-    if not host:
-        return False
-    domain, _port = split_domain_port(host)
-    if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+    host = allowed_host(scope)
+    if host is None:
         return False
     scheme = "https" if scope.get("scheme") in ("wss", "https") else "http"
     return origin == f"{scheme}://{host.lower()}"

@@ -45,3 +45,24 @@ async def test_a_body_is_refused_and_a_401_names_the_scheme(daphne, account):
 
         served = await client.get(url, headers=auth(account.token))
         assert served.status_code == 200
+
+
+async def test_a_host_django_refuses_is_refused_by_every_http_route(daphne, account):
+    """ALLOWED_HOSTS holds for the streams and /v1 (Channels routes) as for the REST API:
+    a made-up Host (a DNS-rebinding page's) answers 400 before anything else."""
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(client, account.token, conversation, "hi")
+        paths = (
+            f"/api/messages/{message['id']}/",
+            f"/api/messages/{message['id']}/stream/",
+            "/v1/models",
+        )
+        for host, answers in (("evil.example", {400}), (f"localhost:{server.port}", {200, 204})):
+            for path in paths:
+                headers = {**auth(account.token), "Host": host, "Last-Event-ID": "999"}
+                response = await client.get(path, headers=headers)
+                assert response.status_code in answers, (host, path, response.text)
+                if response.status_code == 400:
+                    assert response.json()["error"]["status"] == 400, path

@@ -48,7 +48,22 @@ def test_a_text_cursor_is_decimal_digits(raw: str, cursor: int) -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    ["", " ", "-1", "+1", "1.5", "1e3", "abc", "0x10", "١٢", "9" * (MAX_CURSOR_DIGITS + 1), 5],
+    [
+        "",
+        " ",
+        "\xa05",
+        "5\x1c",
+        "\x0b5",
+        "-1",
+        "+1",
+        "1.5",
+        "1e3",
+        "abc",
+        "0x10",
+        "١٢",
+        "9" * (MAX_CURSOR_DIGITS + 1),
+        5,
+    ],
 )
 def test_a_text_cursor_that_is_not_digits_is_refused(raw: Any) -> None:
     with pytest.raises(InvalidCursor) as refused:
