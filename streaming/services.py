@@ -335,7 +335,7 @@ def _create_exchange(
             conversation, parent_id, content, role=asked.role, tool_call_id=asked.tool_call_id
         )
         if not conversation.title:
-            conversation.title = content.strip().splitlines()[0][:80] if content.strip() else ""
+            conversation.title = _title_from(history, [*prior, asked])
             conversation.title_source = Conversation.TitleSource.QUESTION
             events.append(
                 _event(
@@ -359,6 +359,16 @@ def _create_exchange(
             str(assistant.id): [str(assistant.id)],
         }
     return user_message, assistant, plan, siblings
+
+
+def _title_from(history: list[Message], turns: list[ChatTurn]) -> str:
+    """The first line of the conversation's first question (an OpenAI call's history
+    may start long before its last message), or "" when it has none yet."""
+    said: list[Message | ChatTurn] = [*history, *turns]
+    for turn in said:
+        if turn.role == Message.Role.USER and turn.content.strip():
+            return turn.content.strip().splitlines()[0][:80]
+    return ""
 
 
 def _refuse_streaming_path(path: list[Message]) -> None:
@@ -394,8 +404,12 @@ def _check_tool_results(history: list[Message], turns: list[ChatTurn]) -> None:
         called.update(call.get("id") for call in turn.tool_calls)
 
 
-def _validate_content(content: Any) -> str:
-    if not isinstance(content, str) or not content.strip():
+def _validate_content(content: Any, *, tool_result: bool = False) -> str:
+    """A question's text, or (``tool_result``) a tool's output, which may be empty: a
+    tool that printed nothing answered, as OpenAI takes it."""
+    if not isinstance(content, str):
+        raise InvalidParams("must be a string", field="content")
+    if not tool_result and not content.strip():
         raise InvalidParams("must be a non-empty string", field="content")
     if len(content) > settings.MAX_MESSAGE_CHARS:
         raise InvalidParams(
@@ -465,7 +479,7 @@ def create_exchange(
     """
     _accepting()
     runtime = get_runtime()
-    content = _validate_content(content)
+    content = _validate_content(content, tool_result=bool(tool_call_id))
     model = check_model(model)
     clean_params(raw_params, model)  # a bad parameter is reported before a bad id
     if prior and len(prior) > settings.MAX_PRIOR_MESSAGES:

@@ -34,7 +34,7 @@ from streaming.api.completions import (
 )
 from streaming.auth import authenticate, header
 from streaming.conf import streaming_settings
-from streaming.errors import ServiceError, headers_of
+from streaming.errors import NotFound, ServiceError, headers_of
 from streaming.jsonbody import (
     InvalidBody,
     body_limit,
@@ -212,16 +212,24 @@ class ChatCompletionsConsumer(OpenAIConsumer):
         """Start the answer in the conversation named by ``X-Conversation-Id`` or in a new
         one, created with the answer (a refused call leaves nothing)."""
         conversation_id = header(self.scope, b"x-conversation-id")
-        return await services.post_message(
-            user,
-            None if conversation_id is None else conversation_id.strip(),
-            request.content,
-            request.params,
-            prior=request.prior,
-            abandon_grace=0,
-            tool_call_id=request.tool_call_id,
-            model=request.model,
-        )
+        try:
+            return await services.post_message(
+                user,
+                None if conversation_id is None else conversation_id.strip(),
+                request.content,
+                request.params,
+                prior=request.prior,
+                abandon_grace=0,
+                tool_call_id=request.tool_call_id,
+                model=request.model,
+            )
+        except NotFound as exc:
+            if conversation_id is None or exc.field is not None:
+                raise
+            # The only object a post looks up by id: say which part of the call named it.
+            raise NotFound(
+                "no conversation of yours has this id", field="X-Conversation-Id"
+            ) from None
 
     async def stream(
         self,

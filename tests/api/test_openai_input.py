@@ -227,6 +227,40 @@ def test_a_tool_result_must_answer_a_preceding_tool_call(daphne, account):
         assert api.get(f"/api/conversations/{plain}/messages/").json()["count"] == 0
 
 
+def test_a_tool_that_printed_nothing_answered_and_the_title_is_the_first_question(daphne, account):
+    """OpenAI takes an empty tool output as a result; a question may not be empty. A new
+    conversation made by a call that carries its history is titled by its first
+    question, not by the last message (a tool's output, say)."""
+    server = daphne()
+    called = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    with client(server, account.token) as api:
+        messages = [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "what time is it?\nin Paris"},
+            called,
+            {"role": "tool", "tool_call_id": "call_1", "content": ""},
+        ]
+        first = v1(api, account.token, body(messages=messages))
+        answered(first)
+        conversation = first.headers["x-conversation-id"]
+        titled = api.get(f"/api/conversations/{conversation}/").json()
+        assert titled["title"] == "what time is it?"
+        stored = api.get(f"/api/conversations/{conversation}/messages/").json()["results"]
+        assert (stored[-2]["role"], stored[-2]["content"]) == ("tool", "")
+        for elsewhere in ("00000000-0000-0000-0000-000000000000", "not-an-id"):
+            refused(
+                v1(api, account.token, body(), conversation=elsewhere),
+                "X-Conversation-Id",
+                status=404,
+            )
+        for empty in ("", "  "):
+            refused(
+                v1(api, account.token, body(messages=[{"role": "user", "content": empty}])),
+                "messages[0].content",
+            )
+        assert conversation_count(api) == 1
+
+
 REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"logit_bias": {"50256": -100}}, "logit_bias"),
     ({"top_logprobs": 2}, "top_logprobs"),

@@ -32,6 +32,7 @@ from streaming.params import ParamError, validate_params
             "params.tools[0].function.parameters",
         ),
         ({"tool_choice": "always"}, "params.tool_choice"),
+        ({"tool_choice": "required"}, "params.tool_choice"),  # no tools to require
         (
             {"tool_choice": {"type": "function", "function": {"name": "unknown"}}},
             "params.tool_choice",
@@ -71,3 +72,7 @@ def test_tools_and_tool_choice_pass_as_openai_wrote_them():
     assert clean == {"tools": [tool], "tool_choice": named}
     auto = validate_params({"tools": [tool], "tool_choice": "auto"}, accepts_simulation=False)
     assert auto["tool_choice"] == "auto"
+    required = validate_params(
+        {"tools": [tool], "tool_choice": "required"}, accepts_simulation=False
+    )
+    assert required["tool_choice"] == "required"
