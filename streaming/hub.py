@@ -23,10 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections.abc import AsyncIterator
 
 from streaming.events import DONE, Event
 from streaming.streamlog import StreamLog
+
+log = logging.getLogger(__name__)
 
 # Events kept in a topic beyond what attached readers still need, for quick resumes: a
 # few, because a resume further back reads the log, one round trip, while every event
@@ -262,11 +265,7 @@ class Hub:
         try:
             while True:
                 # Behind what the topic holds: read back from the log first.
-                batch = (
-                    []
-                    if topic.covers(cursor)
-                    else await self.log.read(message_id, cursor, limit=self.max_events)
-                )
+                batch = [] if topic.covers(cursor) else await self._read_back(topic, cursor)
                 if not batch:
                     batch = topic.after(cursor)
                 if batch:
@@ -302,6 +301,21 @@ class Hub:
                 idle.stop()
             topic.cursors.pop(reader, None)
             self._release(topic)
+
+    async def _read_back(self, topic: Topic, cursor: int) -> list[Event]:
+        """The log's events after ``cursor``. While the log cannot be read (Redis down), a
+        reader from the start of a generation of this process is given what the topic
+        holds instead: everything after what the database stores, so the reader's
+        subscription bridges the gap from the database's copy and the reader waits with
+        the generation, as one that attached before the outage does. Any other reader
+        fails, and resumes from its cursor once the log answers."""
+        try:
+            return await self.log.read(topic.message_id, cursor, limit=self.max_events)
+        except Exception:
+            if not (topic.local and cursor == 0):
+                raise
+            log.warning("the event log is unreachable: a new reader starts from the database")
+            return []
 
     def _ensure_follower(self, topic: Topic, cursor: int) -> None:
         if topic.local or (topic.follower is not None and not topic.follower.done()):

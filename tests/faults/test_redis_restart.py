@@ -20,6 +20,7 @@ from tests.support.clients import (
     create_conversation,
     post_message,
     text_of,
+    wait_for_message,
     wait_for_status,
 )
 from tests.support.wsclient import ChatSocket
@@ -172,6 +173,46 @@ async def test_a_subscription_while_redis_is_down_follows_its_own_process_answer
                 frames = await ws.recv_until("done", message["id"])
         finally:
             await ws.close()
+        stored = await wait_for_status(client, account.token, message["id"])
+    assert [f for f in frames if f["type"] == "error"] == []
+    assert stored["status"] == "complete", stored["termination"]
+    assert_exact([f for f in frames if "seq" in f and f["message_id"] == message["id"]], stored)
+
+
+async def test_a_late_reader_while_redis_is_down_starts_from_the_database(
+    daphne, account, private_redis
+):
+    """A reader from the start that arrives during the outage, once the generating
+    process's topic has let go of what the database stores, cannot read the log: it gets
+    the stored text from the database and what the topic holds at once, then the rest
+    once Redis is back - exactly once each, never ``stream_failed``."""
+    server = daphne("ws", REDIS_URL=private_redis.url, STREAM_HEARTBEAT_INTERVAL="0.5")
+    subscribe = {"type": "subscribe", "message_id": "", "after": 0}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        message = await streaming_answer(client, account.token)
+        subscribe["message_id"] = message["id"]
+        # A reader that sees the answer well under way, then leaves: nothing pins the
+        # topic's early events any more, and the write-behind stores them.
+        early = await ChatSocket.connect(server.ws_url, account.token)
+        await early.send(subscribe)
+        deltas = 0
+        async with asyncio.timeout(30):
+            while deltas < 40:
+                deltas += (await early.recv()).get("type") == "delta"
+        await early.close()
+        await wait_for_message(client, account.token, message["id"], lambda m: m["content"])
+        late = await ChatSocket.connect(server.ws_url, account.token)
+        try:
+            private_redis.kill()
+            await late.send(subscribe)
+            async with asyncio.timeout(30):
+                frames = await late.recv_until("delta", message["id"])
+            assert [f for f in frames if f["type"] == "error"] == []
+            private_redis.start()
+            async with asyncio.timeout(60):
+                frames += await late.recv_until("done", message["id"])
+        finally:
+            await late.close()
         stored = await wait_for_status(client, account.token, message["id"])
     assert [f for f in frames if f["type"] == "error"] == []
     assert stored["status"] == "complete", stored["termination"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,17 +116,30 @@ def seqs(events: list[dict[str, Any]]) -> list[int]:
     return [e["seq"] for e in events]
 
 
-async def wait_for_status(
-    client: httpx.AsyncClient, token: str, message_id: str, limit: float = 30.0
+async def wait_for_message(
+    client: httpx.AsyncClient,
+    token: str,
+    message_id: str,
+    condition: Callable[[dict[str, Any]], bool],
+    limit: float = 30.0,
 ) -> dict[str, Any]:
-    """Poll the message until it is no longer streaming (its end is persisted in the DB of
-    another process: there is no event to await from here)."""
+    """Poll the message until ``condition`` holds of it: a state another process (or its
+    write-behind) reaches in the database, of which there is no event to await."""
     import asyncio
 
     async with asyncio.timeout(limit):
         while True:
             response = await client.get(f"/api/messages/{message_id}/", headers=auth(token))
             body = response.json()
-            if body["status"] != "streaming":
+            if condition(body):
                 return body
             await asyncio.sleep(0.05)
+
+
+async def wait_for_status(
+    client: httpx.AsyncClient, token: str, message_id: str, limit: float = 30.0
+) -> dict[str, Any]:
+    """The message once it is no longer streaming (its end persisted)."""
+    return await wait_for_message(
+        client, token, message_id, lambda body: body["status"] != "streaming", limit
+    )

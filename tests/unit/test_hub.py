@@ -136,6 +136,32 @@ async def test_a_generating_topic_keeps_what_the_database_does_not_hold():
     assert topic.stored is None
 
 
+class UnreachableLog(MemoryStreamLog):
+    """A log whose reads fail, as Redis's do while it is down."""
+
+    async def read(self, message_id: str, after: int = 0, limit: int | None = None) -> list:
+        raise ConnectionError("the log is unreachable")
+
+
+async def test_a_new_reader_of_a_local_answer_waits_through_a_log_outage():
+    """While the log cannot be read, a reader from the start of a generation of this
+    process gets what the topic holds (its subscription bridges the rest from the
+    database); a resuming reader, whose gap the database cannot fill, fails."""
+    hub = Hub(UnreachableLog())
+    mid = "m-outage"
+    hub.open_local(mid, 1)
+    for seq in range(1, 30):
+        await emit_stored(hub, mid, [events.delta(seq, "x")])
+    first_held = hub.topics[mid].events[0]["seq"]
+    assert first_held > 2, "the topic let go of what the database holds"
+    fresh = hub.read(mid, 0)
+    assert [e["seq"] for e in await anext(fresh)] == list(range(first_held, 30))
+    await fresh.aclose()
+    with pytest.raises(ConnectionError):
+        await anext(hub.read(mid, 1))
+    hub.close_local(mid)
+
+
 @pytest.mark.parametrize("local", [True, False], ids=["generated-here", "generated-elsewhere"])
 async def test_a_read_from_before_a_continue_goes_on_past_the_earlier_segments_end(local):
     """A reader from seq 0 of a continued answer, subscribed before the new segment wrote
