@@ -14,6 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
 
 
+def paragraphs(count: int) -> str:
+    """An answer of ``count`` paragraphs, each a few lines long: several screens of blocks."""
+    line = " ".join(["the river runs past the old stone mill"] * 4)
+    return "\n\n".join(f"Paragraph {n}: {line}" for n in range(count))
+
+
 class ChatPage:
     def __init__(self, context: BrowserContext, base_url: str, api_url: str, token: str) -> None:
         self.context = context

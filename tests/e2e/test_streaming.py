@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
+from tests.e2e.chatpage import paragraphs
+
 pytestmark = pytest.mark.e2e
 
 COUNTING = "One two three four five six seven eight nine ten."
@@ -326,3 +328,45 @@ def test_scrolling_up_while_it_streams_keeps_the_place_and_offers_jump_to_latest
     assert log.evaluate(at_bottom)
     page.get_by_role("button", name="Stop").click()
     expect(answer).to_have_attribute("data-status", "cancelled")
+
+
+# Whether the log ever left its bottom while the page followed it: checked once the
+# layout of each frame is done (a ResizeObserver's turn comes after layout).
+WATCH_BOTTOM = """() => {
+  const log = document.getElementById("log");
+  const jump = document.getElementById("jump-to-latest");
+  window.leftBottom = [];
+  const check = () => {
+    const gap = log.scrollHeight - log.scrollTop - log.clientHeight;
+    if (gap > 1 || !jump.hidden) window.leftBottom.push([gap, jump.hidden]);
+  };
+  new MutationObserver(() => requestAnimationFrame(() => setTimeout(check)))
+    .observe(log, {subtree: true, childList: true, characterData: true});
+}"""
+
+AT_BOTTOM = "l => l.scrollHeight - l.scrollTop - l.clientHeight <= 1"
+
+
+def test_a_long_answer_is_followed_to_its_end_and_reopens_at_its_bottom(open_chat):
+    chat = open_chat(viewport={"width": 1000, "height": 600})
+    page = chat.page
+    page.evaluate(WATCH_BOTTOM)
+    answer = chat.ask(
+        "many paragraphs", max_tokens=4000, text=paragraphs(20), tokens_per_second=200, ttft_ms=0
+    )
+    expect(answer).to_have_attribute("data-status", "complete")
+    log = page.locator("#log")
+    expect(chat.content(answer).locator("p")).to_have_count(20)
+    page.wait_for_function(f"() => ({AT_BOTTOM})(document.getElementById('log'))")
+    assert page.evaluate("window.leftBottom") == [], "the log stopped following the answer"
+    expect(page.get_by_role("button", name="Jump to latest")).to_be_hidden()
+
+    # Opened again from the server, the conversation shows its last line.
+    page.reload()
+    chat.wait_ready()
+    last = chat.content(page.locator("article.assistant").last).locator("p").last
+    expect(last).to_contain_text("Paragraph 19")
+    page.wait_for_function(f"() => ({AT_BOTTOM})(document.getElementById('log'))")
+    assert log.evaluate(AT_BOTTOM)
+    expect(last).to_be_in_viewport()
+    assert chat.errors == []

@@ -202,32 +202,61 @@ document.querySelector(".skip-link").addEventListener("click", (e) => {
 });
 
 // --- following the newest text ---------------------------------------------------------
-// The log stays at the bottom while the person has not scrolled away from it; once they
-// have, new text does not move what they are reading and "Jump to latest" brings them back.
-// Whether to follow is decided when they scroll, not measured on every delta: an answer's
-// text is laid out once per frame, by the render.
+// The log stays at the bottom until the person scrolls up (by any means: wheel, touch,
+// keys, the scroll bar, find in page); then new text does not move what they are reading,
+// and "Jump to latest" or scrolling back to the bottom follows again. Following is a state
+// changed only by such a move, never derived from where the log happens to be: its height
+// changes with no one scrolling (text arriving, the thinking block folding, a font), and
+// a height that shrinks pulls the scroll position up with it. So a move up counts as the
+// person's only while the height did not shrink; the page's own moves are remembered as
+// they are made. Any change of a message's size (observed, after layout, once a frame)
+// keeps a followed log at its bottom.
 const jumpButton = $("jump-to-latest");
-const scroller = { stuck: true };
+const scroller = { stuck: true, top: 0, height: 0 };
 
-function nearBottom() {
-  return log.scrollHeight - log.scrollTop - log.clientHeight < 80;
+function remember() {
+  scroller.top = log.scrollTop;
+  scroller.height = log.scrollHeight;
+}
+
+function atBottom() {
+  return log.scrollHeight - log.scrollTop - log.clientHeight < 2;
+}
+
+function pin() {
+  log.scrollTop = log.scrollHeight;
+  remember();
+}
+
+const sizes = new ResizeObserver(() => {
+  if (scroller.stuck) pin();
+});
+
+/** Put messages at the end of the log, kept at its bottom while it is followed. */
+function addToLog(...nodes) {
+  log.append(...nodes);
+  for (const node of nodes) sizes.observe(node);
 }
 
 function scrollToLatest() {
   scroller.stuck = true;
-  log.scrollTop = log.scrollHeight;
+  pin();
   jumpButton.hidden = true;
 }
 
 /** An answer's text changed on screen (at most once per frame). */
 function rendered() {
-  if (scroller.stuck) log.scrollTop = log.scrollHeight;
-  else jumpButton.hidden = false;
+  if (!scroller.stuck) jumpButton.hidden = false;
 }
 
 log.addEventListener("scroll", () => {
-  scroller.stuck = nearBottom();
-  if (scroller.stuck) jumpButton.hidden = true;
+  if (log.scrollTop < scroller.top - 1 && log.scrollHeight >= scroller.height) {
+    scroller.stuck = false;
+  } else if (atBottom()) {
+    scroller.stuck = true;
+    jumpButton.hidden = true;
+  }
+  remember();
 }, { passive: true });
 jumpButton.addEventListener("click", () => {
   scrollToLatest();
@@ -241,6 +270,7 @@ async function openConversation(id) {
   setSidebarOpen(false);
   sidebar.select(id);
   log.replaceChildren();
+  sizes.disconnect();
   ttftLine.textContent = "";
   notices.clear();
   updateControls();
@@ -266,7 +296,7 @@ async function openConversation(id) {
     if (message.role !== "assistant") {
       const node = userBubble(message);
       decorate(node, message, branchActions);
-      log.append(node);
+      addToLog(node);
       continue;
     }
     const followed = state.live.get(message.id);
@@ -283,7 +313,7 @@ async function openConversation(id) {
       node = assistantBubble(message).node;
     }
     decorate(node, message, branchActions);
-    log.append(node);
+    addToLog(node);
     if (message.termination && message.termination.ttft_ms != null) showTtft(message.termination.ttft_ms);
   }
   scrollToLatest();
@@ -292,7 +322,7 @@ async function openConversation(id) {
 
 /** The empty state of a conversation without messages; an example prompt is sent. */
 function showEmpty() {
-  log.append(
+  addToLog(
     emptyState(config, (prompt) => {
       input.value = prompt;
       drafts.save();
@@ -498,7 +528,7 @@ async function send() {
       const question = userBubble(exchange.user_message);
       decorate(question, exchange.user_message, branchActions);
       decorate(bubble.node, exchange.message, branchActions);
-      log.append(question, bubble.node);
+      addToLog(question, bubble.node);
       scrollToLatest();
       follow(bubble, conversationId, { startedAt: askedAt, first: connection });
     } else if (connection) {
