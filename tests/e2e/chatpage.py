@@ -104,7 +104,10 @@ class ChatPage:
         return bubble.locator(".content")
 
     def server_message(self, bubble: Locator) -> dict[str, Any]:
-        message_id = bubble.get_attribute("data-message-id")
+        return self.message(bubble.get_attribute("data-message-id") or "")
+
+    def message(self, message_id: str) -> dict[str, Any]:
+        """The message as the server has it (``GET /api/messages/<id>/``)."""
         response = httpx.get(
             f"{self.api_url}/api/messages/{message_id}/",
             headers={"Authorization": f"Token {self.token}"},
@@ -114,12 +117,14 @@ class ChatPage:
         return response.json()
 
     def wait_for_server_status(
-        self, bubble: Locator, status: str, timeout: float = 15.0
+        self, bubble: Locator | str, status: str, timeout: float = 15.0
     ) -> dict[str, Any]:
-        """Poll the server (another process, no event to await) until the answer has ``status``."""
+        """Poll the server (another process, no event to await) until the answer (its bubble
+        or its id) has ``status``."""
+        message_id = bubble if isinstance(bubble, str) else bubble.get_attribute("data-message-id")
         deadline = time.monotonic() + timeout
         while True:
-            message = self.server_message(bubble)
+            message = self.message(message_id or "")
             if message["status"] == status:
                 return message
             assert time.monotonic() < deadline, f"still {message['status']!r}, not {status!r}"

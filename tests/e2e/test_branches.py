@@ -96,3 +96,45 @@ def test_a_second_tab_shows_what_the_first_sent_and_follows_its_answer(open_chat
     expect(chat.content(seen)).to_have_text(chat.content(sent).inner_text())
     assert chat.wait_for_server_status(sent, "complete")["content"]
     assert other.errors == []
+
+
+def test_regenerate_and_edit_while_an_answer_streams_stop_it_and_go_on(open_chat) -> None:
+    chat = open_chat()
+    page = chat.page
+    notice = page.locator("#notice")
+    # Silent after three tokens: the answer is still streaming when Regenerate is pressed
+    # (and so is its new version, which has the same settings).
+    first = chat.ask("Tell me about rivers", text="Rivers run to the sea.", stall_after_tokens=3)
+    expect(first).to_have_attribute("data-status", "streaming")
+    expect(chat.content(first)).to_contain_text("Rivers run")
+    first_id = first.get_attribute("data-message-id") or ""
+    bar = first.get_by_role("toolbar", name="Answer actions")
+    # Copy waits for the end of the answer and leaves no gap: Regenerate comes first.
+    expect(bar.get_by_role("button", name="Copy the answer as Markdown")).to_be_hidden()
+    regenerate = bar.get_by_role("button", name="Regenerate this answer")
+    left = "n => n.getBoundingClientRect().left"
+    assert regenerate.evaluate(left) == bar.evaluate(left)
+
+    regenerate.click()
+    answer = page.locator("article.message.assistant").last
+    expect(answer.locator(".version-count")).to_have_text("2 / 2")
+    expect(answer).to_have_attribute("data-status", "streaming")
+    expect(chat.content(answer)).to_contain_text("Rivers run")
+    # Its time to first token is measured as a sent message's is.
+    expect(page.locator("#ttft")).to_contain_text("First token")
+    chat.wait_for_server_status(first_id, "cancelled")
+    expect(notice).to_be_hidden()
+
+    second_id = answer.get_attribute("data-message-id") or ""
+    chat.simulate(text="Lakes are still.", tokens_per_second=200)
+    question = page.locator("article.message.user").last
+    question.get_by_role("button", name="Edit this message").click()
+    page.get_by_label("Edit your message").fill("Tell me about lakes")
+    page.get_by_role("button", name="Save and Send").click()
+    expect(question.locator(".version-count")).to_have_text("2 / 2")
+    expect(chat.content(answer)).to_have_text("Lakes are still.")
+    finished(answer)
+    chat.wait_for_server_status(second_id, "cancelled")
+    expect(notice).to_be_hidden()
+    expect(page.get_by_role("button", name="Stop")).to_be_hidden()
+    assert chat.errors == []

@@ -120,8 +120,11 @@ export const messages = {
   get: (id) => request("GET", `/api/messages/${id}/`),
   cancel: (id) => request("POST", `/api/messages/${id}/cancel/`),
   continue: (id) => request("POST", `/api/messages/${id}/continue/`),
-  regenerate: (id) => request("POST", `/api/messages/${id}/regenerate/`, {}),
-  edit: (id, content, params) => request("POST", `/api/messages/${id}/edit/`, { content, params }),
+  /** A new version of an answer, or of a question with its answer. `stop`: an answer of
+   * the branch being replaced that is still streaming is stopped first, as people expect
+   * of a Regenerate or an Edit (without it the server refuses, 409). */
+  regenerate: (id) => request("POST", `/api/messages/${id}/regenerate/`, { stop: true }),
+  edit: (id, content, params) => request("POST", `/api/messages/${id}/edit/`, { content, params, stop: true }),
 };
 
 export async function readiness() {

@@ -263,7 +263,12 @@ jumpButton.addEventListener("click", () => {
   input.focus();
 });
 
-async function openConversation(id) {
+/**
+ * Show a conversation as the server has it, at its newest text. After a change of branch
+ * (`changeBranch`): `asked`, the answer asked for and when (`{id, at}`), whose time to
+ * first token is measured as a sent message's is.
+ */
+async function openConversation(id, { asked = null } = {}) {
   const load = ++state.loads;
   state.conversationId = id;
   drafts.open(id);
@@ -308,7 +313,8 @@ async function openConversation(id) {
       // seq covers the segments before a Continue: their ends are not this stream's end.
       const bubble = assistantBubble({ ...message, content: "", reasoning: "", tool_calls: [] });
       node = bubble.node;
-      follow(bubble, id, { settled: message.last_seq });
+      const startedAt = asked && asked.id === message.id ? asked.at : null;
+      follow(bubble, id, { settled: message.last_seq, startedAt });
     } else {
       node = assistantBubble(message).node;
     }
@@ -411,11 +417,13 @@ async function continueAnswer(bubble) {
  * (a new answer in it is followed like any streaming answer). True when it worked. */
 async function changeBranch(change) {
   const id = state.conversationId;
+  const at = performance.now();
   state.branching = true;
   notices.clear();
   try {
-    await change();
-    if (state.conversationId === id) await openConversation(id);
+    const created = await change();
+    const asked = created && created.message ? { id: created.message.id, at } : null;
+    if (state.conversationId === id) await openConversation(id, { asked });
     return true;
   } catch (error) {
     showError(error);
