@@ -284,3 +284,32 @@ def test_the_streaming_cursor_follows_the_last_character_of_an_open_code_block(o
     chat.page.get_by_role("button", name="Stop").click()
     expect(answer).to_have_attribute("data-status", "cancelled")
     expect(cursor).to_have_count(0)
+
+
+WIDE_TABLE = (
+    "| "
+    + " | ".join(f"Measurement{n}" for n in range(8))
+    + " |\n|"
+    + "---|" * 8
+    + "\n| "
+    + " | ".join(f"throughput{n}" for n in range(8))
+    + " |"
+)
+
+
+def test_a_wide_table_keeps_its_width_and_scrolls_sideways(open_chat):
+    chat = open_chat()
+    page = chat.page
+    answer = chat.ask("a wide table", text=WIDE_TABLE, tokens_per_second=400)
+    expect(answer).to_have_attribute("data-status", "complete")
+    wrap = chat.content(answer).locator(".table-wrap")
+    header = wrap.locator("th").first
+    expect(header).to_have_text("Measurement0")
+    # No word is broken: a header cell is one line, and the table is wider than the answer.
+    assert header.evaluate(
+        "n => n.clientHeight < 2 * parseFloat(getComputedStyle(n).lineHeight)"
+    ), "a word in a table cell was broken"
+    assert wrap.evaluate("w => w.scrollWidth > w.clientWidth")
+    assert wrap.evaluate("w => { w.scrollLeft = 200; return w.scrollLeft; }") > 0
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    assert chat.errors == []
