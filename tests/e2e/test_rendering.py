@@ -313,3 +313,44 @@ def test_a_wide_table_keeps_its_width_and_scrolls_sideways(open_chat):
     assert wrap.evaluate("w => { w.scrollLeft = 200; return w.scrollLeft; }") > 0
     assert page.evaluate("document.documentElement.scrollWidth") <= 1280
     assert chat.errors == []
+
+
+REFERENCES = (
+    "See [the guide][guide] and [the spec] first.\n\n"
+    "Then a [bad one][evil], and a [missing one][nowhere].\n\n"
+    "A paragraph between them.\n\n"
+    '[guide]: https://example.com/guide/getting-started "The guide"\n'
+    "[The Spec]: https://example.com/spec\n"
+    "[evil]: javascript:window.pwned=9\n\n"
+    "The end, [the guide][guide] again."
+)
+
+
+def test_a_reference_link_is_resolved_by_its_definition_further_on(open_chat):
+    """Each block is rendered once it is complete, before the definitions at the end of
+    the answer have arrived: they still make its references links, sanitised as any."""
+    chat = open_chat()
+    answer = chat.ask("cite it", text=REFERENCES, tokens_per_second=60, ttft_ms=0)
+    expect(answer).to_have_attribute("data-status", "complete")
+    content = chat.content(answer)
+
+    def check(content) -> None:
+        guide = content.get_by_role("link", name="the guide")
+        expect(guide).to_have_count(2)
+        for link in guide.all():
+            expect(link).to_have_attribute("href", "https://example.com/guide/getting-started")
+            expect(link).to_have_attribute("rel", "noopener noreferrer nofollow")
+        expect(content.get_by_role("link", name="the spec")).to_have_attribute(
+            "href", "https://example.com/spec"
+        )
+        expect(content.locator("a")).to_have_count(3)  # not the javascript: one
+        expect(content).to_contain_text("[missing one][nowhere]")  # no definition: text
+        expect(content).not_to_contain_text("[guide]")  # a definition shows nothing
+        expect(content).not_to_contain_text("https://example.com")
+
+    check(content)
+    chat.page.reload()
+    chat.wait_ready()
+    check(chat.content(chat.page.locator("article.message.assistant").last))
+    assert chat.page.evaluate("window.pwned") is None
+    assert chat.errors == []

@@ -19,7 +19,8 @@
 // block is shown at the end of the open group, so when it completes its nodes stay where
 // they are. A code block still open while streaming is its text only, updated in place;
 // it is highlighted once, when its fence closes (re-highlighting the whole block on every
-// frame was the largest cost of a long code block).
+// frame was the largest cost of a long code block). Link reference definitions apply to
+// the whole answer: a block shown before the definition it names is rendered again.
 
 import DOMPurify from "../vendor/dompurify/dist/purify.es.mjs";
 import hljs from "../vendor/@highlightjs/cdn-assets/es/highlight.min.js";
@@ -231,7 +232,8 @@ export class MarkdownView {
   reset() {
     this.container.replaceChildren();
     this.kept = ""; // the source of the kept blocks: a prefix of every later text
-    this.links = {}; // reference-style link definitions seen in kept blocks
+    this.links = new Map(); // link reference definitions that will not change, in order
+    this.linked = []; // kept blocks that may refer to one: {raw, nodes, defined}
     this.tail = []; // the nodes of the last block, at the end of the open group
     this.open = null; // the last block while it is a code block still open: {node, text}
     this.group = null; // the open group: the last kept blocks, then the last block
@@ -246,22 +248,28 @@ export class MarkdownView {
   update(text, streaming = false) {
     const source = text.replace(/\r\n?/g, "\n");
     if (!source.startsWith(this.kept)) this.reset();
-    const lexer = new Lexer(marked.defaults);
-    Object.assign(lexer.tokens.links, this.links);
-    const tokens = lexer.lex(source.slice(this.kept.length));
+    const tokens = this.lex(source.slice(this.kept.length));
     let last = tokens.length - 1;
     while (last > 0 && tokens[last].type === "space") last -= 1;
     const kept = tokens.slice(0, Math.max(last, 0));
     const rest = last >= 0 ? tokens.slice(last) : [];
+    // The definitions of complete blocks (of them all at the end: a streaming last block
+    // may hold half a URL) apply to the whole answer, blocks shown before them included.
+    this.define(streaming ? kept : tokens);
     // A completed block is what the last block's nodes showed, with its last characters:
     // they are patched where they are, so they are not built or laid out again.
     for (const token of kept) {
       this.place(renderTokens([token]));
-      if (this.tail.length > 0) this.blocks += 1; // a blank line or a link definition shows nothing
+      // A blank line or a link definition shows nothing.
+      if (this.tail.length > 0) {
+        this.blocks += 1;
+        if (token.raw.includes("[")) {
+          this.linked.push({ raw: token.raw, nodes: this.tail, defined: this.links.size });
+        }
+      }
       this.tail = [];
       this.kept += token.raw;
     }
-    Object.assign(this.links, tokens.links);
     const deferred = streaming && kept.length > 0 && rest.length > 0;
     if (deferred) {
       this.tail = [];
@@ -283,6 +291,41 @@ export class MarkdownView {
     if (!host) this.cursor.remove();
     else if (host.lastChild !== this.cursor) host.append(this.cursor);
     return deferred;
+  }
+
+  /** Tokens of `source`, its links resolved with the definitions known so far as well as
+   * its own (the first definition of a label wins, as in CommonMark). */
+  lex(source) {
+    const lexer = new Lexer(marked.defaults);
+    for (const [tag, link] of this.links) lexer.tokens.links[tag] = link;
+    return lexer.lex(source);
+  }
+
+  /**
+   * Takes the link reference definitions in `tokens` (blocks that will not change). A
+   * kept block shown before one of them, whose source names its label, is rendered again
+   * with it, through the same sanitising as any block: a reference to a definition further
+   * on is a link too. That is rare, so an update costs no more than before otherwise.
+   */
+  define(tokens) {
+    const known = this.links.size;
+    marked.walkTokens(tokens, (token) => {
+      if (token.type === "def" && !this.links.has(token.tag)) {
+        this.links.set(token.tag, { href: token.href, title: token.title });
+      }
+    });
+    if (this.links.size === known) return;
+    const tags = [...this.links.keys()];
+    for (const block of this.linked) {
+      const raw = block.raw.toLowerCase().replace(/\s+/g, " ");
+      const named = tags.slice(block.defined).some((tag) => raw.includes(`[${tag}]`));
+      block.defined = tags.length;
+      if (!named) continue;
+      const nodes = renderTokens(this.lex(block.raw));
+      block.nodes[0].before(...nodes);
+      for (const node of block.nodes) node.remove();
+      block.nodes = nodes;
+    }
   }
 
   /**
