@@ -8,7 +8,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.chatpage import ChatPage
+from tests.e2e.chatpage import ChatPage, paragraphs
 
 pytestmark = pytest.mark.e2e
 
@@ -138,3 +138,41 @@ def test_regenerate_and_edit_while_an_answer_streams_stop_it_and_go_on(open_chat
     expect(notice).to_be_hidden()
     expect(page.get_by_role("button", name="Stop")).to_be_hidden()
     assert chat.errors == []
+
+
+def test_stepping_to_another_version_keeps_it_where_it_was(open_chat) -> None:
+    chat = open_chat(viewport={"width": 1000, "height": 600})
+    page = chat.page
+    long = {"max_tokens": 4000, "text": paragraphs(12), "tokens_per_second": 400, "ttft_ms": 0}
+    first = chat.ask("Tell me about rivers", **long)
+    finished(first)
+    finished(chat.ask("And about lakes", **long))
+    # A new version of the first answer ends the branch there; stepping back to the old
+    # one brings back what followed it, a long way below.
+    first.get_by_role("button", name="Regenerate this answer").click()
+    answers = page.locator("article.message.assistant")
+    expect(answers).to_have_count(1)
+    expect(answers.first.locator(".version-count")).to_have_text("2 / 2")
+    finished(answers.first)
+    answers.first.get_by_role("button", name="Previous version").click()
+    expect(answers).to_have_count(2)
+    expect(answers.first.locator(".version-count")).to_have_text("1 / 2")
+    # The version stepped to is where the one before it was: the button just pressed is
+    # still in view, not scrolled away to the end of the conversation.
+    expect(answers.first.get_by_role("button", name="Next version")).to_be_in_viewport()
+    assert chat.errors == []
+
+
+def test_the_edit_box_is_as_wide_as_an_answer(open_chat) -> None:
+    chat = open_chat()
+    page = chat.page
+    answer = chat.ask("Hi", **QUICK)
+    finished(answer)
+    page.locator("article.message.user").get_by_role("button", name="Edit this message").click()
+    box = page.get_by_label("Edit your message")
+    expect(box).to_be_focused()
+    width = "n => n.getBoundingClientRect().width"
+    assert abs(box.evaluate(width) - answer.evaluate(width)) <= 1
+    lines = box.evaluate("n => n.clientHeight / parseFloat(getComputedStyle(n).lineHeight)")
+    assert lines >= 3, lines
+    chat.screenshot("edit-in-place")

@@ -172,6 +172,14 @@ def test_phone_width(open_chat):
     chat.screenshot("phone-width-conversations")
     page.get_by_role("button", name="Close the conversation list").click()
     expect(sidebar).to_be_hidden()
+    # Open, the list dims the messages; a tap beside it closes it.
+    page.get_by_role("button", name="Show conversations").click()
+    expect(sidebar).to_be_visible()
+    page.mouse.click(370, 400)
+    expect(sidebar).to_be_hidden()
+    expect(page.get_by_role("button", name="Show conversations")).to_have_attribute(
+        "aria-expanded", "false"
+    )
 
 
 def test_a_draining_server_is_shown_as_restarting_not_unreachable(open_chat, daphne, account):

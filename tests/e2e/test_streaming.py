@@ -301,6 +301,18 @@ def test_stop_while_offline_is_sent_once_back_and_banners_clear_themselves(open_
     assert chat.errors == []
 
 
+def test_a_streaming_answer_is_busy_for_screen_readers_until_it_ends(open_chat):
+    """The log is a live region: a busy answer is announced once whole, not per token."""
+    chat = open_chat()
+    answer = chat.ask("count", text=COUNTING, stall_after_tokens=4, tokens_per_second=100)
+    expect(chat.content(answer)).to_have_text("One two three four")
+    text = answer.locator(".bubble")  # not its state line, which is announced as it changes
+    expect(text).to_have_attribute("aria-busy", "true")
+    chat.page.get_by_role("button", name="Stop").click()
+    expect(answer).to_have_attribute("data-status", "cancelled")
+    expect(text).to_have_attribute("aria-busy", "false")
+
+
 def test_scrolling_up_while_it_streams_keeps_the_place_and_offers_jump_to_latest(open_chat):
     chat = open_chat(viewport={"width": 1000, "height": 600})
     page = chat.page

@@ -175,6 +175,7 @@ $("new-conversation").addEventListener("click", newConversation);
 
 $("open-sidebar").addEventListener("click", () => setSidebarOpen(true));
 $("close-sidebar").addEventListener("click", () => setSidebarOpen(false));
+$("sidebar-backdrop").addEventListener("click", () => setSidebarOpen(false));
 
 function setSidebarOpen(open) {
   app.classList.toggle("sidebar-open", open);
@@ -238,6 +239,11 @@ function addToLog(...nodes) {
   for (const node of nodes) sizes.observe(node);
 }
 
+/** A message's node in the log, or null. */
+function messageNode(messageId) {
+  return log.querySelector(`[data-message-id="${CSS.escape(messageId)}"]`);
+}
+
 function scrollToLatest() {
   scroller.stuck = true;
   pin();
@@ -266,9 +272,11 @@ jumpButton.addEventListener("click", () => {
 /**
  * Show a conversation as the server has it, at its newest text. After a change of branch
  * (`changeBranch`): `asked`, the answer asked for and when (`{id, at}`), whose time to
- * first token is measured as a sent message's is.
+ * first token is measured as a sent message's is; `keep`, a message to keep where the one
+ * it replaced was on screen (`{id, bottom}`: the version stepped to, where the version
+ * shown before ended), so stepping through versions does not move them away.
  */
-async function openConversation(id, { asked = null } = {}) {
+async function openConversation(id, { asked = null, keep = null } = {}) {
   const load = ++state.loads;
   state.conversationId = id;
   drafts.open(id);
@@ -322,7 +330,15 @@ async function openConversation(id, { asked = null } = {}) {
     addToLog(node);
     if (message.termination && message.termination.ttft_ms != null) showTtft(message.termination.ttft_ms);
   }
-  scrollToLatest();
+  const kept = keep && messageNode(keep.id);
+  if (kept) {
+    log.scrollTop += kept.getBoundingClientRect().bottom - keep.bottom;
+    remember();
+    scroller.stuck = atBottom();
+    jumpButton.hidden = true;
+  } else {
+    scrollToLatest();
+  }
   updateControls();
 }
 
@@ -414,8 +430,9 @@ async function continueAnswer(bubble) {
 
 // --- versions: regenerate, edit, switch ------------------------------------------------
 /** Run a change of branch, then show the conversation's branch as the server has it
- * (a new answer in it is followed like any streaming answer). True when it worked. */
-async function changeBranch(change) {
+ * (a new answer in it is followed like any streaming answer; `keep` as for
+ * `openConversation`). True when it worked. */
+async function changeBranch(change, keep = null) {
   const id = state.conversationId;
   const at = performance.now();
   state.branching = true;
@@ -423,7 +440,7 @@ async function changeBranch(change) {
   try {
     const created = await change();
     const asked = created && created.message ? { id: created.message.id, at } : null;
-    if (state.conversationId === id) await openConversation(id, { asked });
+    if (state.conversationId === id) await openConversation(id, { asked, keep });
     return true;
   } catch (error) {
     showError(error);
@@ -436,14 +453,18 @@ async function changeBranch(change) {
 const branchActions = {
   regenerate: (messageId) => changeBranch(() => messages.regenerate(messageId)),
   edit: (messageId, content) => changeBranch(() => messages.edit(messageId, content, generationParams())),
-  switchTo: (messageId) => changeBranch(() => conversations.switchTo(state.conversationId, messageId)),
+  switchTo: (messageId, from) => {
+    const shown = messageNode(from);
+    const keep = shown ? { id: messageId, bottom: shown.getBoundingClientRect().bottom } : null;
+    return changeBranch(() => conversations.switchTo(state.conversationId, messageId), keep);
+  },
 };
 
 // --- other tabs ------------------------------------------------------------------------
 // What this person did elsewhere: the sidebar follows, and the open conversation shows a
 // message sent from another tab (and follows its answer) or a branch switched there.
 function shownHere(messageId) {
-  return state.live.has(messageId) || log.querySelector(`[data-message-id="${CSS.escape(messageId)}"]`);
+  return state.live.has(messageId) || messageNode(messageId);
 }
 
 followFeed({

@@ -19,9 +19,9 @@ function versions(message, switchTo) {
   return el(
     "span",
     { class: "versions", role: "group", "aria-label": "Versions" },
-    button("‹", "Previous version", at > 0, () => switchTo(siblings[at - 1])),
+    button("‹", "Previous version", at > 0, () => switchTo(siblings[at - 1], message.id)),
     el("span", { class: "version-count" }, `${at + 1} / ${siblings.length}`),
-    button("›", "Next version", at < siblings.length - 1, () => switchTo(siblings[at + 1])),
+    button("›", "Next version", at < siblings.length - 1, () => switchTo(siblings[at + 1], message.id)),
   );
 }
 
@@ -29,7 +29,9 @@ function versions(message, switchTo) {
 function startEditing(node, message, edit) {
   const bubble = node.querySelector(".bubble");
   if (!bubble || node.querySelector(".editor")) return;
-  const field = el("textarea", { class: "edit-input", "aria-label": "Edit your message", rows: 3 });
+  // As many lines as the question has, from three to twelve (then it scrolls).
+  const rows = Math.min(Math.max(message.content.split("\n").length, 3), 12);
+  const field = el("textarea", { class: "edit-input", "aria-label": "Edit your message", rows });
   field.value = message.content;
   const save = el("button", { type: "button", class: "button primary small" }, "Save and Send");
   const cancel = el("button", { type: "button", class: "button small" }, "Cancel");
@@ -56,7 +58,7 @@ function startEditing(node, message, edit) {
 /**
  * Fill a message's action bar: Regenerate (answers) or Edit (questions) in its slot, and
  * the versions switcher. `actions`: `regenerate(id)`, `edit(id, content)` (true when sent),
- * `switchTo(id)`. Safe to call again on the same node.
+ * `switchTo(id, from)` (`from`: the version shown). Safe to call again on the same node.
  */
 export function decorate(node, message, actions) {
   const bar = node.querySelector(".actions");

@@ -94,10 +94,11 @@ export class AssistantBubble {
       ["regenerate"],
       message.created_at,
     );
+    this.bubble = el("div", { class: "bubble" }, this.thinking.node, this.content, this.tools.node);
     this.node = el(
       "article",
       { class: "message assistant", "data-message-id": this.id, "aria-label": "Answer" },
-      el("div", { class: "bubble" }, this.thinking.node, this.content, this.tools.node),
+      this.bubble,
       el("div", { class: "message-foot" }, this.state, this.cutOff),
       this.actionBar,
     );
@@ -117,6 +118,9 @@ export class AssistantBubble {
     this.stop = null;
     this.status = "streaming";
     this.node.dataset.status = "streaming";
+    // The log is a live region: a screen reader announces the answer once it is whole, not
+    // every few characters while it streams (its state line below it is still announced).
+    this.bubble.setAttribute("aria-busy", "true");
     this.cutOff.hidden = true;
     // Waiting for this segment's first token, then counting any silence between tokens.
     this.segmentText = false;
@@ -203,6 +207,7 @@ export class AssistantBubble {
     clearInterval(this.clock);
     this.status = "failed";
     this.node.dataset.status = "failed";
+    this.bubble.setAttribute("aria-busy", "false");
     this.state.textContent = `Could not follow this answer: ${message}`;
   }
 
@@ -213,6 +218,7 @@ export class AssistantBubble {
     const record = termination || {};
     this.status = record.status || this.status;
     this.node.dataset.status = this.status;
+    this.bubble.setAttribute("aria-busy", "false");
     this.node.dataset.connection = "";
     this.connectionState = null;
     this.stop = null;
