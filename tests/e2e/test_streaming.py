@@ -342,18 +342,19 @@ def test_scrolling_up_while_it_streams_keeps_the_place_and_offers_jump_to_latest
     expect(answer).to_have_attribute("data-status", "cancelled")
 
 
-# Whether the log ever left its bottom while the page followed it: checked once the
-# layout of each frame is done (a ResizeObserver's turn comes after layout).
+# Whether the log ever left its bottom while the page followed it, as the next paint would
+# show it: checked by an observer of the messages' sizes made after the page's own, so
+# called after it, once the layout of a frame is done.
 WATCH_BOTTOM = """() => {
   const log = document.getElementById("log");
   const jump = document.getElementById("jump-to-latest");
   window.leftBottom = [];
-  const check = () => {
+  const sizes = new ResizeObserver(() => {
     const gap = log.scrollHeight - log.scrollTop - log.clientHeight;
     if (gap > 1 || !jump.hidden) window.leftBottom.push([gap, jump.hidden]);
-  };
-  new MutationObserver(() => requestAnimationFrame(() => setTimeout(check)))
-    .observe(log, {subtree: true, childList: true, characterData: true});
+  });
+  new MutationObserver(() => { for (const node of log.children) sizes.observe(node); })
+    .observe(log, {childList: true});
 }"""
 
 AT_BOTTOM = "l => l.scrollHeight - l.scrollTop - l.clientHeight <= 1"

@@ -207,11 +207,12 @@ document.querySelector(".skip-link").addEventListener("click", (e) => {
 // keys, the scroll bar, find in page); then new text does not move what they are reading,
 // and "Jump to latest" or scrolling back to the bottom follows again. Following is a state
 // changed only by such a move, never derived from where the log happens to be: its height
-// changes with no one scrolling (text arriving, the thinking block folding, a font), and
-// a height that shrinks pulls the scroll position up with it. So a move up counts as the
-// person's only while the height did not shrink; the page's own moves are remembered as
-// they are made. Any change of a message's size (observed, after layout, once a frame)
-// keeps a followed log at its bottom.
+// changes with no one scrolling (text arriving, the thinking block folding, a group of
+// blocks laid out at its real size instead of its placeholder's, a font), and a height
+// that shrinks pulls the scroll position up with it (clamped, or by scroll anchoring). So
+// a move up counts as the person's only while the height did not shrink; the page's own
+// moves are remembered as they are made. Any change of a message's size (observed, after
+// layout, once a frame) keeps a followed log at its bottom.
 const jumpButton = $("jump-to-latest");
 const scroller = { stuck: true, top: 0, height: 0 };
 

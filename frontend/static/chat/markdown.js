@@ -14,13 +14,14 @@
 // has started, so it is rendered once and kept; only the last, unfinished block is parsed
 // again as text arrives (the caller asks at most once per animation frame), and its new
 // nodes are patched into the ones shown, so only what changed is laid out and painted
-// again. Blocks go into groups of `KEPT_GROUP`, each a formatting context of its own, so
-// the block growing lays out its group and not the answer's hundreds of blocks. The last
-// block is shown at the end of the open group, so when it completes its nodes stay where
-// they are. A code block still open while streaming is its text only, updated in place;
-// it is highlighted once, when its fence closes (re-highlighting the whole block on every
-// frame was the largest cost of a long code block). Link reference definitions apply to
-// the whole answer: a block shown before the definition it names is rendered again.
+// again. Blocks go into groups of `KEPT_GROUP`; a full group (`.kept`) is laid out and
+// painted only while near the viewport (`content-visibility`), so a frame costs about the
+// same at the end of a long answer as at its start. The last block is shown at the end of
+// the open group, so when it completes its nodes stay where they are. A code block still
+// open while streaming is its text only, updated in place; it is highlighted once, when
+// its fence closes (re-highlighting the whole block on every frame was the largest cost of
+// a long code block). Link reference definitions apply to the whole answer: a block shown
+// before the definition it names is rendered again.
 
 import DOMPurify from "../vendor/dompurify/dist/purify.es.mjs";
 import hljs from "../vendor/@highlightjs/cdn-assets/es/highlight.min.js";
@@ -141,7 +142,7 @@ DOMPurify.addHook("uponSanitizeElement", (node, data) => {
 });
 
 // Blocks per group: few enough that a group is about a screen, many enough that the
-// answer has a few dozen children, not hundreds, to lay out.
+// answer has a few dozen children, not hundreds, to lay out and to watch for visibility.
 const KEPT_GROUP = 8;
 
 const TEXT_BLOCKS = "p, li, h1, h2, h3, h4, h5, h6, blockquote, td, th, dt, dd";
@@ -331,7 +332,8 @@ export class MarkdownView {
   /**
    * Puts `nodes` (sanitised, not on the page) where the last block is shown, patching
    * the nodes shown there (`patch`) or replacing them, and makes them the last block's.
-   * A block starting when the open group is full starts the next group.
+   * A block starting when the open group is full starts the next group: the full one is
+   * kept (`.kept`), laid out and painted only near the viewport from then on.
    */
   place(nodes, patch = true) {
     if (!patch) {
@@ -341,6 +343,7 @@ export class MarkdownView {
     if (this.tail.length === 0) {
       if (nodes.length === 0) return;
       if (!this.group || this.blocks >= KEPT_GROUP) {
+        this.group?.classList.add("kept");
         this.group = el("div", { class: "blocks" });
         this.container.append(this.group);
         this.blocks = 0;
