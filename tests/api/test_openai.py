@@ -61,7 +61,7 @@ def test_models_and_non_streaming_completion_is_persisted(daphne, account):
         assert stored[-1]["status"] == "complete"
         assert stored[-1]["params"]["max_tokens"] == 200
         title = api.get(f"/api/conversations/{conversation}/").json()["title"]
-        assert title == "Once more, with emoji"
+        assert title == "Say hello", "a conversation is titled by its first question"
 
 
 def test_streaming_completion_chunks_emoji_usage_and_done(daphne, account):
