@@ -34,6 +34,9 @@ DRAIN_POLL = 0.05
 FINAL_DONE_WAIT = 2.0
 
 
+# What may pad a text cursor (HTTP's optional whitespace around a header's value); not
+# str.strip's whitespace, which would take NBSP or \x1c before a number too.
+PADDING = " \t"
 # A cursor is a seq: below 10**18, so it fits every store's integer and every client's.
 MAX_CURSOR_DIGITS = 18
 
@@ -43,7 +46,7 @@ def parse_cursor(value: Any, name: str, *, text: bool) -> int:
     parameter), a JSON integer otherwise; ``InvalidCursor`` naming ``name`` if it is not a
     non-negative integer of at most ``MAX_CURSOR_DIGITS`` digits."""
     if text and isinstance(value, str):
-        raw = value.strip(" \t")  # what HTTP lets pad a header; not str.strip's NBSP or \x1c
+        raw = value.strip(PADDING)
         if raw.isascii() and raw.isdigit() and len(raw) <= MAX_CURSOR_DIGITS:
             return int(raw)
     elif (

@@ -178,35 +178,37 @@ def update_conversation(
 ) -> Conversation:
     """Save changed fields (``title``, ``system_prompt``, ``model``, as validated by the
     caller; ``model`` is checked here) of one of the user's conversations and, when
-    ``switch``, show the branch through ``current_leaf`` (``show_branch``). All or
-    nothing: a refused change (an unknown model, a message of another conversation)
-    leaves the conversation as it was."""
+    ``switch``, show the branch through ``current_leaf`` (``_show_branch``), in one
+    statement. All or nothing: a refused change (an unknown model, a message of another
+    conversation) leaves the conversation as it was."""
     if "model" in changes:
         changes = {**changes, "model": check_model(changes["model"])}
     with transaction.atomic():
         conversation = conversation_for(user, conversation_id, lock=True)
-        if switch:
-            _show_branch(user, conversation, current_leaf)
+        fields = _show_branch(user, conversation, current_leaf) if switch else []
         if changes:
-            _save_changes(user, conversation, changes)
+            fields += _apply_changes(user, conversation, changes)
+        if fields:
+            conversation.save(update_fields=fields)
     return conversation
 
 
-def _save_changes(user: Any, conversation: Conversation, changes: dict[str, Any]) -> None:
+def _apply_changes(user: Any, conversation: Conversation, changes: dict[str, Any]) -> list[str]:
+    """Set the changed fields; the fields to save (the caller saves them). A change is
+    activity: the conversation moves up the list."""
     for name, value in changes.items():
         setattr(conversation, name, value)
     fields = [*changes, "updated_at"]
     if "title" in changes:
         conversation.title_source = Conversation.TitleSource.USER
         fields.append("title_source")
-    conversation.save(update_fields=fields)
-    if "title" in changes:
         _notify(
             user.pk,
             _event(
                 "conversation.updated", conversation=str(conversation.id), title=conversation.title
             ),
         )
+    return fields
 
 
 def _start_answer(
@@ -407,10 +409,9 @@ def _check_tool_results(history: list[Message], turns: list[ChatTurn]) -> None:
 def _validate_content(content: Any, *, tool_result: bool = False) -> str:
     """A question's text, or (``tool_result``) a tool's output, which may be empty: a
     tool that printed nothing answered, as OpenAI takes it."""
-    if not isinstance(content, str):
-        raise InvalidParams("must be a string", field="content")
-    if not tool_result and not content.strip():
-        raise InvalidParams("must be a non-empty string", field="content")
+    if not isinstance(content, str) or not (tool_result or content.strip()):
+        wanted = "a string" if tool_result else "a non-empty string"
+        raise InvalidParams(f"must be {wanted}", field="content")
     if len(content) > settings.MAX_MESSAGE_CHARS:
         raise InvalidParams(
             f"is longer than {settings.MAX_MESSAGE_CHARS} characters", field="content"
@@ -770,16 +771,14 @@ async def stop_branch(user: Any, message_id: Any) -> None:
         await stop_answers(running)
 
 
-def _show_branch(user: Any, conversation: Conversation, message_id: Any) -> None:
+def _show_branch(user: Any, conversation: Conversation, message_id: Any) -> list[str]:
     """Show and continue the branch through ``message_id`` (down its latest answers to a
-    leaf). ``NotFound`` for a message that is not in ``conversation`` (locked by the
-    caller)."""
+    leaf); the fields to save (the caller saves them). ``NotFound`` for a message that is
+    not in ``conversation`` (locked by the caller)."""
     tree = tree_of(conversation.id)
     if message_id is None or message_id not in tree:
         raise NotFound("message not found in this conversation", field="current_leaf")
     conversation.current_leaf_id = tree.leaf_below(message_id)
-    # Looking at another branch is not activity: the conversation keeps its place.
-    conversation.save(update_fields=["current_leaf"])
     _notify(
         user.pk,
         _event(
@@ -788,6 +787,8 @@ def _show_branch(user: Any, conversation: Conversation, message_id: Any) -> None
             current_leaf=str(conversation.current_leaf_id),
         ),
     )
+    # Looking at another branch is not activity: the conversation keeps its place.
+    return ["current_leaf"]
 
 
 async def continue_interrupted(message_id: str, **kwargs: Any) -> None:

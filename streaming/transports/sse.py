@@ -24,7 +24,7 @@ from streaming.auth import header, token_from_header
 from streaming.conf import streaming_settings
 from streaming.errors import AUTHENTICATE, ServiceError, error_bytes
 from streaming.logcontext import stream_context
-from streaming.reading import SlowConsumer, Subscription, has_more, parse_cursor
+from streaming.reading import PADDING, SlowConsumer, Subscription, has_more, parse_cursor
 from streaming.transports import eventstream
 from streaming.transports.daphne import SendBuffer, frame_send
 from streaming.transports.hosts import REFUSED, allowed_host
@@ -38,7 +38,7 @@ STREAM_HEADERS = [*eventstream.HEADERS, (b"vary", b"Authorization, Cookie")]
 def cursor_of(scope: dict[str, Any]) -> int:
     """``Last-Event-ID`` wins over ``?after=``; an empty header falls back to the query."""
     raw = header(scope, b"last-event-id")
-    if raw is not None and raw.strip(" \t"):
+    if raw is not None and raw.strip(PADDING):
         return parse_cursor(raw, "Last-Event-ID", text=True)
     values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("after")
     return parse_cursor(values[-1], "after", text=True) if values else 0
