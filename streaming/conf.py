@@ -75,6 +75,9 @@ DEFAULTS: dict[str, Any] = {
     # How long a process keeps an API token's user after looking it up (0: never). A
     # deleted token or a changed user is dropped at once everywhere, through control.
     "TOKEN_CACHE_SECONDS": 30.0,
+    # How often a WebSocket opened with a session checks that the session still stands
+    # (one that expired by age is closed); a logout closes its sockets at once anyway.
+    "SESSION_RECHECK": 300.0,
     # Titles written by the engine after a conversation's first answer: "auto" (every
     # engine but the simulated one), true or false; the request's size and time limits.
     "TITLES": "auto",

@@ -23,12 +23,14 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
 import uuid
+from collections.abc import Coroutine
 from typing import Any
 
 from streaming import events, selectors
-from streaming.auth import authenticate, user_for_token
+from streaming.auth import authenticate, header, user_for_token
 from streaming.conf import streaming_settings
 from streaming.errors import ServiceError, describe
 from streaming.feed import Listener
@@ -88,13 +90,19 @@ class Sockets:
 
     def revoked(self, user_id: int) -> None:
         """A user's tokens were revoked (``Runtime.on_revoked``): each of their sockets
-        checks its credentials again, and one they no longer authenticate is closed."""
+        checks its credentials again, and one they no longer authenticate is closed. A
+        socket whose handshake is still being resolved is checked too: what it resolves
+        may have been read before the revocation."""
         for consumer in list(self.open):
             user = consumer.user
-            if user is not None and user.is_authenticated and user.pk == user_id:
-                check = asyncio.create_task(consumer.check_credentials())
-                self.checks.add(check)
-                check.add_done_callback(self.checks.discard)
+            if user is None or (user.is_authenticated and user.pk == user_id):
+                self.check(consumer.check_credentials())
+
+    def check(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        """Run a credential check, held until it ends."""
+        task = asyncio.create_task(coroutine)
+        self.checks.add(task)
+        task.add_done_callback(self.checks.discard)
 
     def discard(self, consumer: ChatConsumer) -> None:
         self.open.discard(consumer)
@@ -129,12 +137,15 @@ async def close_sockets() -> None:
 
 class ChatConsumer(LoopWebsocketConsumer):
     async def connect(self) -> None:
-        # Accept first; the user is resolved meanwhile and awaited by the first frame.
+        # None until the handshake's credentials are resolved (``_resolve``).
         self.user: Any = None
         # The token of an auth frame; None: the handshake's credentials (its token or
         # session), which ``authenticate`` resolves.
         self.token: str | None = None
-        self.resolving: asyncio.Task[Any] | None = asyncio.create_task(authenticate(self.scope))
+        # The handshake's resolution, awaited by the first frame.
+        self.resolving: asyncio.Task[None] | None = None
+        # The next check of a session's socket (``SESSION_RECHECK``).
+        self.session_check: asyncio.TimerHandle | None = None
         self.subscriptions: dict[str, asyncio.Task[None]] = {}
         self.feed: tuple[Listener, asyncio.Task[None]] | None = None
         self.last_sent = time.monotonic()
@@ -150,8 +161,21 @@ class ChatConsumer(LoopWebsocketConsumer):
             # The shutdown closed the sockets already: this one is told at once too.
             await self.close(code=CLOSE_GOING_AWAY)
             return
+        # Resolved once the socket is among the open ones, which a revocation checks.
         sockets.open.add(self)
+        self.resolving = asyncio.create_task(self._resolve())
         self._arm_heartbeat(streaming_settings.PING_INTERVAL)
+
+    async def _resolve(self) -> None:
+        """The handshake's credentials (its token, else its session), resolved while the
+        first frame is awaited. The user is set as soon as it is known, not when a frame
+        comes, so that a revocation meanwhile checks this socket as any other."""
+        self.user = await authenticate(self.scope)
+        if self._authenticated() and self._by_session():
+            self._arm_session_check()
+
+    def _by_session(self) -> bool:
+        return self.token is None and header(self.scope, b"authorization") is None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """However the socket ends (a close, a handshake refused, an error the server
@@ -171,9 +195,10 @@ class ChatConsumer(LoopWebsocketConsumer):
             self.feed = None
             selectors.forget_feed(self.user, feed[0])
             tasks.append(feed[1])
-        if (timer := getattr(self, "heartbeat_timer", None)) is not None:
-            self.heartbeat_timer = None
-            timer.cancel()
+        for name in ("heartbeat_timer", "session_check"):
+            if (timer := getattr(self, name, None)) is not None:
+                setattr(self, name, None)
+                timer.cancel()
         for name in ("resolving", "heartbeat"):
             if (task := getattr(self, name, None)) is not None:
                 tasks.append(task)
@@ -189,8 +214,8 @@ class ChatConsumer(LoopWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         ref = None
         if (resolving := self.resolving) is not None:
-            self.user = await resolving
-            self.resolving = None  # a finished task keeps its coroutine and result
+            await resolving
+            self.resolving = None  # a finished task keeps its coroutine
         try:
             frame = self._parse(text_data, bytes_data)
             ref = _ref_of(frame)
@@ -287,12 +312,16 @@ class ChatConsumer(LoopWebsocketConsumer):
         self.user, self.token = user, token
         await self._reply(frame, {"type": "authenticated", "user": user.get_username()})
 
-    async def check_credentials(self) -> None:
+    async def check_credentials(self) -> bool:
         """Resolve this socket's credentials again; close it (``CLOSE_REVOKED``) when they
-        no longer authenticate its user. A socket lives for hours: a deleted token or a
-        deactivated user must end its access as it ends a request's."""
-        if self.resolving is not None:
-            return  # the first frame resolves it, after the revocation
+        no longer authenticate its user. A socket lives for hours: a deleted token, a
+        deactivated user or a session logged out or expired must end its access as it
+        ends a request's. True when the socket keeps its user."""
+        if (resolving := self.resolving) is not None:
+            # Waited for, not awaited: this check's cancellation must not cancel it.
+            await asyncio.wait({resolving})
+        if not self._authenticated():
+            return False  # nobody to check: its first frames must authenticate
         try:
             if self.token is not None:
                 user = await user_for_token(self.token)
@@ -300,10 +329,30 @@ class ChatConsumer(LoopWebsocketConsumer):
                 user = await authenticate(self.scope)
         except Exception:
             log.exception("could not check a WebSocket's credentials")
-            return
+            return True
         if not user.is_authenticated or user.pk != self.user.pk:
             log.info("closing a WebSocket whose credentials were revoked")
             await self.close(code=CLOSE_REVOKED)
+            return False
+        return True
+
+    def _arm_session_check(self) -> None:
+        """A session ends by age too, which nothing announces: a socket opened with one
+        checks it again within every ``SESSION_RECHECK`` seconds (spread over the second
+        half of the interval, so sockets opened together do not check together)."""
+        interval = streaming_settings.SESSION_RECHECK
+        if interval > 0:
+            delay = interval * (0.5 + random.random() / 2)
+            loop = asyncio.get_running_loop()
+            self.session_check = loop.call_later(delay, self._session_check_due)
+
+    def _session_check_due(self) -> None:
+        self.session_check = None
+        sockets.check(self._check_session())
+
+    async def _check_session(self) -> None:
+        if await self.check_credentials() and self._by_session() and self in sockets.open:
+            self._arm_session_check()
 
     async def on_ping(self, frame: dict[str, Any]) -> None:
         await self._reply(frame, {"type": "pong"})

@@ -5,11 +5,14 @@ through control, while other users' sockets stay open (docs/protocol.md)."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import httpx
 import pytest
 import websockets
 from asgiref.sync import sync_to_async
+from django.contrib.sessions.models import Session
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from tests.support.wsclient import ChatSocket
@@ -20,9 +23,12 @@ REVOKED = 4401
 
 
 async def close_code(ws: ChatSocket) -> int | None:
+    """The code the server closed ``ws`` with; a socket the server keeps open (its
+    heartbeats go on) fails the test after a minute instead of holding it."""
     with pytest.raises(websockets.ConnectionClosed) as closed:
-        while True:
-            await asyncio.wait_for(ws.conn.recv(), 30)
+        async with asyncio.timeout(60):
+            while True:
+                await ws.conn.recv()
     received = closed.value.rcvd
     return None if received is None else received.code
 
@@ -90,20 +96,48 @@ async def test_a_logout_closes_the_sockets_of_that_session_everywhere(daphne, ac
     process) closes it with 4401, while a socket of the same user's other session stays."""
     a, b = daphne("a"), daphne("b")
     leaving, staying = await _log_in(a, account), await _log_in(a, account)
-    sockets = []
-    for browser in (leaving, staying):
-        cookie = f"sessionid={browser.cookies['sessionid']}"
-        ws = await ChatSocket.connect(b.ws_url, origin=b.url, headers={"Cookie": cookie})
-        assert await still_open(ws)
-        await ws.send({"type": "subscribe", "topic": "user"})
-        assert (await ws.recv())["type"] == "subscribed", "the cookie authenticated it"
-        sockets.append(ws)
+    sockets = [await _session_socket(b, browser) for browser in (leaving, staying)]
+    # A socket that has sent nothing yet: its first frame after the logout must not find
+    # the user its handshake resolved before it.
+    silent = await _session_socket(b, leaving, send=False)
     out = await leaving.post(
         "/accounts/logout/", headers={"X-CSRFToken": leaving.cookies["csrftoken"]}
     )
     assert out.status_code in (200, 302), out.text
     assert await close_code(sockets[0]) == REVOKED
+    assert await close_code(silent) == REVOKED
     assert await still_open(sockets[1])
     await sockets[1].close()
     for browser in (leaving, staying):
+        await browser.aclose()
+
+
+async def _session_socket(server, browser: httpx.AsyncClient, send: bool = True) -> ChatSocket:
+    """A socket opened with ``browser``'s session cookie; with ``send``, one whose frames
+    showed that the cookie authenticated it."""
+    cookie = f"sessionid={browser.cookies['sessionid']}"
+    ws = await ChatSocket.connect(server.ws_url, origin=server.url, headers={"Cookie": cookie})
+    if send:
+        assert await still_open(ws)
+        await ws.send({"type": "subscribe", "topic": "user"})
+        assert (await ws.recv())["type"] == "subscribed", "the cookie authenticated it"
+    return ws
+
+
+async def test_a_session_that_expires_by_age_closes_its_sockets(daphne, account):
+    """Nothing announces a session's expiry: a socket opened with it checks it again
+    every ``STREAM_SESSION_RECHECK`` and is closed with 4401 once it expired, while a
+    socket whose session still stands passes its checks and stays open."""
+    server = daphne(STREAM_SESSION_RECHECK="0.2")
+    expiring, lasting = await _log_in(server, account), await _log_in(server, account)
+    gone, kept = [await _session_socket(server, browser) for browser in (expiring, lasting)]
+    key = expiring.cookies["sessionid"]
+    expired = await sync_to_async(Session.objects.filter(session_key=key).update)(
+        expire_date=timezone.now() - timedelta(seconds=1)
+    )
+    assert expired == 1
+    assert await close_code(gone) == REVOKED
+    assert await still_open(kept)
+    await kept.close()
+    for browser in (expiring, lasting):
         await browser.aclose()
