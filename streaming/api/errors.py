@@ -17,6 +17,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
+from streaming.api.parsers import InvalidBodyError
 from streaming.errors import AUTHENTICATE, ServiceError, describe, error_body, headers_of
 
 CODES = {
@@ -71,6 +72,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             code = "not_authenticated"
         elif isinstance(exc, exceptions.ParseError):
             code = "invalid_body"
+            field = exc.field if isinstance(exc, InvalidBodyError) else None
     else:
         message = str(exc)
     response.data = error_body(response.status_code, code, message, field)

@@ -173,7 +173,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
         try:
             document = decode_json_body(body)
         except InvalidBody as exc:
-            await self.error(400, "invalid_body", str(exc))
+            await self.error(400, "invalid_body", exc.detail, field=exc.field)
             return
         request: CompletionRequest | None = None
         try:

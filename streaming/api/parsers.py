@@ -16,6 +16,14 @@ from rest_framework.parsers import JSONParser
 from streaming.jsonbody import InvalidBody, body_limit, decode_json_body, too_large_detail
 
 
+class InvalidBodyError(exceptions.ParseError):
+    """A body that is not UTF-8 JSON; ``field`` names the value at fault when one is."""
+
+    def __init__(self, detail: str, field: str | None) -> None:
+        super().__init__(detail)
+        self.field = field
+
+
 class PayloadTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_detail = "the request body is too large"
@@ -36,4 +44,4 @@ class JSONBodyParser(JSONParser):
         try:
             return decode_json_body(raw)
         except InvalidBody as exc:
-            raise exceptions.ParseError(str(exc)) from None
+            raise InvalidBodyError(exc.detail, exc.field) from None

@@ -245,7 +245,8 @@ class ChatConsumer(LoopWebsocketConsumer):
         try:
             frame = decode_json(text_data)
         except InvalidJSON as exc:
-            raise FrameError("invalid_json", f"the frame {exc}") from None
+            message = exc.detail if exc.field is not None else f"the frame {exc}"
+            raise FrameError("invalid_json", message, exc.field) from None
         if not isinstance(frame, dict):
             raise FrameError("invalid_frame", "a frame must be a JSON object")
         return frame

@@ -117,6 +117,25 @@ def test_integer_fields_take_integers_only(daphne, account):
         answered(v1(api, account.token, body(n=1, max_completion_tokens=5, seed=-3)))
 
 
+def test_a_number_no_encoder_can_write_back_is_refused_where_it_is(daphne, account):
+    """Integers beyond 64 bits and numbers past a double's range are refused by the
+    body's parser, naming the value as the caller spelled its path."""
+    server = daphne()
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 2**64}}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    maximum = "tools[0].function.parameters.properties.n.maximum"
+    with client(server, account.token) as api:
+        for fields, param in (({"seed": 2**70}, "seed"), ({"tools": tools}, maximum)):
+            error = refused(v1(api, account.token, body(**fields)), param)
+            assert error["message"].endswith("is outside -2^63..2^64-1"), error
+        raw = json.dumps(body(temperature=1.0)).replace(
+            '"temperature": 1.0', '"temperature": 1e999'
+        )
+        error = refused(v1(api, account.token, raw.encode()), "temperature")
+        assert error["message"] == "temperature: number 1e999 is too large", error
+        assert conversation_count(api) == 0
+
+
 def test_every_message_is_held_to_the_length_limit(daphne, account):
     server = daphne()
     long = "x" * 200_000

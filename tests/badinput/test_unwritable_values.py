@@ -29,12 +29,14 @@ def tool(parameters: Any) -> list[dict[str, Any]]:
 
 
 TOOL_CALL = "params.simulation.tool_call"
-# (params, the 400's code, the field it names or None for the whole body)
+TOOL = "params.tools[0].function.parameters"
+# (params, the 400's code, the field it names or None for the whole body: the path of a
+# number out of range, the innermost field that refused a value of the wrong shape)
 REFUSED = [
-    ({"simulation": {"seed": 2**70}}, "invalid_body", None),
-    ({"tools": tool({"type": "object", "maximum": 2**64})}, "invalid_body", None),
-    ({"tools": tool({"type": "object", "minimum": -(2**63) - 1})}, "invalid_body", None),
-    ({"temperature": 1e400}, "invalid_body", None),
+    ({"simulation": {"seed": 2**70}}, "invalid_body", "params.simulation.seed"),
+    ({"tools": tool({"type": "object", "maximum": 2**64})}, "invalid_body", f"{TOOL}.maximum"),
+    ({"tools": tool({"type": "object", "minimum": -(2**63) - 1})}, "invalid_body", f"{TOOL}.minimum"),  # noqa: E501
+    ({"temperature": 1e400}, "invalid_body", "params.temperature"),
     ({"tools": tool(nested(80))}, "invalid_body", None),
     ({"simulation": {"tool_call": "x"}}, "invalid_params", TOOL_CALL),
     ({"simulation": {"tool_call": {"name": 5}}}, "invalid_params", f"{TOOL_CALL}.name"),
@@ -80,10 +82,8 @@ async def test_refused_on_the_websocket_and_the_socket_goes_on(daphne, account) 
             await ws.send(text.replace("Infinity", "1e400"))
             reply = await next_reply(ws)
             assert reply["type"] == "error", reply
-            if code == "invalid_body":
-                assert reply["code"] == "invalid_json", reply
-            else:
-                assert reply["field"] == field, reply
+            assert reply["code"] == ("invalid_json" if code == "invalid_body" else code), reply
+            assert reply.get("field") == field, reply
         # A ref the reply could not echo, and constants JSON does not have (the socket
         # closed with 1011 on the first; NaN reached PostgreSQL as a temperature).
         for text in (

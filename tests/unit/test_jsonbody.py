@@ -29,9 +29,20 @@ def test_numbers_in_range_are_taken_and_written_back(value: float) -> None:
 
 
 @pytest.mark.parametrize("text", [str(LOWEST_INT - 1), str(HIGHEST_INT + 1), "1e400", "-1e400"])
-def test_numbers_out_of_range_are_refused(text: str) -> None:
-    with pytest.raises(InvalidJSON, match="out of range"):
-        decode_json(f'{{"x": [{text}]}}')
+def test_numbers_out_of_range_are_refused_naming_where(text: str) -> None:
+    with pytest.raises(InvalidJSON, match=r"out of range at x\[1\]: ") as refused:
+        decode_json(f'{{"x": [0, {text}]}}')
+    assert refused.value.field == "x[1]"
+    with pytest.raises(InvalidJSON, match="out of range: ") as alone:
+        decode_json(text)
+    assert alone.value.field is None
+
+
+def test_the_first_number_out_of_range_is_named() -> None:
+    text = '{"a": 1, "params": {"seed": 1e999, "n": [2e999]}, "z": 3e999}'
+    with pytest.raises(InvalidJSON) as refused:
+        decode_json(text)
+    assert refused.value.field == "params.seed"
 
 
 def test_nesting_up_to_the_bound_is_taken_and_deeper_is_refused() -> None:
@@ -52,7 +63,8 @@ def test_what_is_not_json_is_refused(text: str) -> None:
 def test_a_body_says_what_is_wrong_with_it() -> None:
     with pytest.raises(InvalidBody, match=r"^the request body is not valid UTF-8"):
         decode_json_body(b'"\xff"')
-    with pytest.raises(InvalidBody, match=r"^the request body has a number out of range"):
+    with pytest.raises(InvalidBody, match=r"^the request body has a number out of range") as big:
         decode_json_body(b"[1e999]")
+    assert (big.value.field, big.value.detail) == ("[0]", "number 1e999 is too large")
     with pytest.raises(InvalidBody, match=r"^the request body is nested deeper than"):
         decode_json_body(deep(MAX_DEPTH + 1).encode())
