@@ -1,5 +1,6 @@
-"""The message box: the skip link, refused first messages, errors that name the field, and
-the composer on a phone (touch keyboard, placeholder, settings)."""
+"""The message box: the skip link, refused first messages, errors that name the field, the
+composer on a phone (touch keyboard, placeholder, settings), and Send that is Stop while
+an answer streams."""
 
 from __future__ import annotations
 
@@ -125,4 +126,86 @@ def test_on_a_phone_enter_is_a_newline_and_the_composer_stays_small(open_chat):
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= PHONE["width"], f"the page scrolls sideways ({width}px)"
     chat.screenshot("phone-settings-open")
+    assert chat.errors == []
+
+
+COUNTING = "One two three four five six seven eight nine ten."
+
+# The composer's button as the page shows it: its name, type, title, icon, and its box
+# from the message box's top right corner (the settings below may open meanwhile).
+SEND_BUTTON = """node => {
+  const icon = node.querySelector(".stop-icon");
+  const shown = getComputedStyle(icon).visibility === "visible" && icon.getBoundingClientRect();
+  const box = node.getBoundingClientRect();
+  const field = document.getElementById("composer-input").getBoundingClientRect();
+  return {
+    name: node.getAttribute("aria-label") || node.textContent.trim(),
+    type: node.type,
+    title: node.title,
+    box: [box.x - field.right, box.y - field.top, box.width, box.height].map(Math.round),
+    icon: shown ? [Math.round(shown.width), Math.round(shown.height)] : null,
+  };
+}"""
+
+
+def test_send_becomes_stop_while_the_answer_streams_and_back_when_it_ends(open_chat):
+    chat = open_chat()
+    page = chat.page
+    composer = page.locator("#composer")
+    send = composer.get_by_role("button", name="Send")
+    idle = send.evaluate(SEND_BUTTON)
+    assert idle["type"] == "submit" and idle["icon"] is None, idle
+    posts: list[str] = []
+    page.on(
+        "request",
+        lambda r: r.method == "POST" and r.url.endswith("/messages/") and posts.append(r.url),
+    )
+
+    # The engine goes silent after four tokens: the answer streams until it is stopped.
+    answer = chat.ask("count", text=COUNTING, stall_after_tokens=4, tokens_per_second=100)
+    expect(chat.content(answer)).to_have_text("One two three four")
+    stop = composer.get_by_role("button", name="Stop")
+    expect(stop).to_be_enabled()
+    expect(send).to_have_count(0)
+    expect(page.get_by_role("button", name="Stop")).to_have_count(1)  # one Stop on the page
+    streaming = stop.evaluate(SEND_BUTTON)
+    assert streaming["name"] == "Stop" and streaming["type"] == "button", streaming
+    assert "Stop" in streaming["title"], streaming
+    assert streaming["box"] == idle["box"], "Stop is not where Send was"
+    width, height = streaming["icon"]
+    assert width == height > 0, f"the stop icon is not a square: {streaming['icon']}"
+    chat.screenshot("composer-stop")
+
+    # Enter while it streams sends nothing: what was typed stays in the box for later.
+    box = page.get_by_label("Message", exact=True)
+    box.fill("a second question")
+    box.press("Enter")
+    stop.click()
+    expect(answer).to_have_attribute("data-status", "cancelled")
+    expect(answer.locator(".cut-off")).to_contain_text("Stopped by you")
+    expect(send).to_be_enabled()
+    expect(stop).to_have_count(0)
+    assert send.evaluate(SEND_BUTTON) == idle
+    expect(box).to_have_value("a second question")
+    assert len(posts) == 1, posts  # the first question only
+    expect(page.locator("article.user")).to_have_count(1)
+
+    # Another conversation opened while an answer streams: Send there, Stop back here.
+    running = chat.ask("count again", text=COUNTING, stall_after_tokens=4, tokens_per_second=100)
+    expect(chat.content(running)).to_have_text("One two three four")
+    expect(stop).to_be_visible()
+    page.get_by_role("button", name="New conversation").click()
+    expect(send).to_be_enabled()
+    expect(stop).to_have_count(0)
+    page.go_back()
+    expect(stop).to_be_visible()
+    page.keyboard.press("Escape")  # the shortcut stops it the same way
+    expect(page.locator("article.assistant").last).to_have_attribute("data-status", "cancelled")
+    expect(send).to_be_enabled()
+
+    # An answer that ends by itself gives Send back too.
+    done = chat.ask("short", text="ok", tokens_per_second=200)
+    expect(done).to_have_attribute("data-status", "complete")
+    expect(send).to_be_enabled()
+    expect(stop).to_have_count(0)
     assert chat.errors == []

@@ -10,6 +10,7 @@ import { emptyState } from "./empty.js";
 import { describe } from "./errors.js";
 import { followFeed } from "./feed.js";
 import { Notice } from "./notice.js";
+import { SendButton } from "./sendbutton.js";
 import { installShortcuts } from "./shortcuts.js";
 import { Sidebar } from "./sidebar.js";
 import { MessageStream } from "./stream.js";
@@ -23,8 +24,7 @@ const $ = (id) => document.getElementById(id);
 const app = $("app");
 const log = $("log");
 const input = $("composer-input");
-const sendButton = $("send");
-const stopButton = $("stop");
+const sendButton = new SendButton($("send"), stop);
 const reasonLine = $("composer-reason");
 const notice = $("notice");
 const drafts = new Drafts(input);
@@ -503,9 +503,7 @@ function streamingHere() {
 }
 
 function updateControls() {
-  const streaming = streamingHere().length > 0;
-  stopButton.hidden = !streaming;
-  sendButton.disabled = !state.ready || state.sending || streaming;
+  sendButton.show(streamingHere().length > 0, state.ready && !state.sending);
 }
 
 function generationParams() {
@@ -519,7 +517,7 @@ function generationParams() {
 
 async function send() {
   const content = input.value;
-  if (!content.trim() || sendButton.disabled) return;
+  if (!content.trim() || !sendButton.sendable) return;
   let params;
   try {
     params = generationParams();
@@ -635,7 +633,6 @@ input.addEventListener("keydown", (e) => {
 });
 input.addEventListener("input", autosize);
 input.addEventListener("draft", autosize);
-stopButton.addEventListener("click", stop);
 
 // The simulation settings are a developer tool: behind the Developer switch, which exists
 // only while the simulated engine runs.
