@@ -354,3 +354,66 @@ def test_a_reference_link_is_resolved_by_its_definition_further_on(open_chat):
     check(chat.content(chat.page.locator("article.message.assistant").last))
     assert chat.page.evaluate("window.pwned") is None
     assert chat.errors == []
+
+
+# A code block taller than the log, in a full group of blocks (`.kept`: laid out only
+# near the viewport), with paragraphs after it.
+LONG_CODE = (
+    "Before it.\n\n```python\n"
+    + "\n".join(f"line_{n} = {n}" for n in range(80))
+    + "\n```\n\n"
+    + "\n\n".join(f"After it, paragraph {n}." for n in range(10))
+)
+
+# Scroll the log to put the code block's top `above` px above the log's top, and measure
+# after the next frame: the code block's header, the block, the log and the page header.
+SCROLL_CODE_BLOCK = """async (block, above) => {
+  const log = document.getElementById("log");
+  log.scrollTop += block.getBoundingClientRect().top - log.getBoundingClientRect().top + above;
+  await new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)));
+  const head = block.querySelector(".code-head");
+  const box = (node) => {
+    const { top, bottom, left, right } = node.getBoundingClientRect();
+    return { top, bottom, left, right };
+  };
+  const h = box(head);
+  const seen = document.elementFromPoint((h.left + h.right) / 2, (h.top + h.bottom) / 2);
+  return {
+    head: h,
+    block: box(block),
+    log: box(log),
+    header: box(document.querySelector(".pane-head")),
+    onTop: head.contains(seen),
+  };
+}"""
+
+
+@pytest.mark.parametrize(
+    "viewport",
+    [{"width": 1000, "height": 600}, {"width": 390, "height": 844}],
+    ids=["desktop", "phone"],
+)
+def test_a_code_blocks_header_stays_in_view_while_its_code_scrolls(open_chat, viewport):
+    chat = open_chat(viewport=viewport)
+    answer = chat.ask("a long script", text=LONG_CODE, tokens_per_second=2000, ttft_ms=0)
+    expect(answer).to_have_attribute("data-status", "complete")
+    content = chat.content(answer)
+    block = content.locator(".code-block")
+    expect(block.locator("pre code")).to_contain_text("line_79 = 79")
+    assert block.evaluate("b => b.closest('.blocks').matches('.kept')")
+
+    # Half a screen into the code: its header is at the top of the log, painted over the
+    # code, below the page's header.
+    at = block.evaluate(SCROLL_CODE_BLOCK, 300)
+    assert at["block"]["top"] < at["log"]["top"] - 250, at  # the block's own top is gone
+    assert abs(at["head"]["top"] - at["log"]["top"]) <= 1, at
+    assert at["head"]["top"] >= at["header"]["bottom"], at
+    assert at["onTop"], f"the header is covered: {at}"
+    expect(block.get_by_role("button", name="Copy")).to_be_in_viewport()
+    chat.screenshot(f"code-header-in-view-{viewport['width']}")
+
+    # Past the block's end the header leaves with it: it never covers what follows.
+    height = at["block"]["bottom"] - at["block"]["top"]
+    past = block.evaluate(SCROLL_CODE_BLOCK, height - 10)
+    assert past["head"]["bottom"] <= past["block"]["bottom"] + 1, past
+    assert chat.errors == []
