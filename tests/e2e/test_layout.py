@@ -182,6 +182,69 @@ def test_phone_width(open_chat):
     )
 
 
+# The page header's parts as boxes: the title (with whether its text is cut), the time to
+# first token, the buttons, and the header itself.
+HEADER = """() => {
+  const box = (node) => {
+    const { top, bottom, left, right } = node.getBoundingClientRect();
+    return { top, bottom, left, right };
+  };
+  const title = document.getElementById("conversation-title");
+  return {
+    header: box(document.querySelector(".pane-head")),
+    title: box(title),
+    cut: title.scrollWidth > title.clientWidth,
+    ellipsis: getComputedStyle(title).textOverflow === "ellipsis",
+    ttft: box(document.getElementById("ttft")),
+    buttons: [...document.querySelectorAll(".pane-head > .button")]
+      .filter((n) => n.offsetParent).map(box),
+  };
+}"""
+
+
+def overlaps(a: dict, b: dict) -> bool:
+    return (
+        a["left"] < b["right"]
+        and b["left"] < a["right"]
+        and a["top"] < b["bottom"]
+        and b["top"] < a["bottom"]
+    )
+
+
+def test_on_a_phone_the_title_gets_the_header_and_the_first_token_time_fits_below(open_chat):
+    chat = open_chat(viewport={"width": 390, "height": 844})
+    page = chat.page
+    before = page.evaluate(HEADER)
+    answer = chat.ask("hello from a phone", text="ok", tokens_per_second=200)
+    expect(answer).to_have_attribute("data-status", "complete")
+    expect(page.locator("#conversation-title")).to_have_text("hello from a phone")
+    ttft = page.locator("#ttft")
+    expect(ttft).to_contain_text("First token")
+    expect(ttft).to_be_in_viewport()
+    shown = page.evaluate(HEADER)
+    assert not shown["cut"], f"a short title is cut: {shown}"
+    parts = [shown["title"], shown["ttft"], *shown["buttons"]]
+    for n, a in enumerate(parts):
+        assert all(not overlaps(a, b) for b in parts[n + 1 :]), f"parts overlap: {shown}"
+        assert shown["header"]["top"] <= a["top"] and a["bottom"] <= shown["header"]["bottom"]
+    assert shown["header"] == before["header"], "the header changed its height"
+    chat.screenshot("phone-header")
+
+    # A title too long for the header is cut with an ellipsis, clear of the buttons.
+    long_title = "A conversation about the rivers and the old stone mills of the north"
+    page.get_by_role("button", name="Show conversations").click()
+    page.get_by_role("button", name="Actions for hello from a phone").click()
+    page.get_by_role("menuitem", name="Rename").click()
+    page.get_by_label("Conversation title").fill(long_title)
+    page.get_by_label("Conversation title").press("Enter")
+    page.get_by_role("button", name="Close the conversation list").click()
+    expect(page.locator("#conversation-title")).to_have_text(long_title)
+    cut = page.evaluate(HEADER)
+    assert cut["cut"] and cut["ellipsis"], cut
+    assert all(not overlaps(cut["title"], b) for b in [cut["ttft"], *cut["buttons"]]), cut
+    assert chat.errors == []
+
+
 def test_a_draining_server_is_shown_as_restarting_not_unreachable(open_chat, daphne, account):
     server = daphne(STREAM_SHUTDOWN_DEADLINE="8")
     chat = open_chat(server)
