@@ -15,6 +15,10 @@ from typing import Any
 
 # What API clients authenticate with, announced on every 401 (RFC 9110 requires one).
 AUTHENTICATE = 'Token realm="api"'
+# A post's key for retries (the IETF draft's name and Stripe's), and the header that says
+# an answer is the one a first request with that key got.
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
 
 
 class ServiceError(Exception):
@@ -50,6 +54,14 @@ class ContextFull(Conflict):
     """The answer already fills the model's context: nothing can be added to it."""
 
     code = "context_full"
+
+
+class IdempotencyKeyReused(ServiceError):
+    """An ``Idempotency-Key`` that names an earlier request of another kind or body: a
+    retry must repeat its request, and a new request takes a new key."""
+
+    status = 422
+    code = "idempotency_key_reused"
 
 
 class TooManyGenerations(ServiceError):

@@ -84,11 +84,22 @@ class Message(models.Model):
     params = models.JSONField(default=dict, blank=True)
     model = models.CharField(max_length=200, blank=True, default="")
     last_seq = models.PositiveBigIntegerField(default=0)
+    # The ``Idempotency-Key`` of the request that created this message, as
+    # "<owner's pk>:<key>" (keys are the client's, unique per user): a retry of that
+    # request finds it instead of making another.
+    idempotency_key = models.CharField(max_length=300, null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="msg_idempotency_key",
+            )
+        ]
         indexes = [
             models.Index(fields=["conversation", "created_at"], name="msg_conv_created"),
             models.Index(fields=["status", "updated_at"], name="msg_status_updated"),

@@ -9,22 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import QuerySet
 
 from streaming import database, statements
-from streaming.branches import History, path_messages, tree_of
+from streaming.branches import History, path_messages, sibling_ids, tree_of
 from streaming.conf import streaming_settings
 from streaming.engines.base import ChatTurn, EngineRequest
 from streaming.errors import (
+    IDEMPOTENCY_HEADER,
     Conflict,
     ContextFull,
+    IdempotencyKeyReused,
     InvalidParams,
     NotFound,
     ServiceError,
@@ -49,10 +52,15 @@ T = TypeVar("T")
 class Exchange:
     user_message: Message | None
     assistant_message: Message
-    generation: Generation
+    # None when the request was a retry (its ``Idempotency-Key`` named an earlier one):
+    # nothing was started, the messages are the earlier request's, as they are now.
+    generation: Generation | None
     # The siblings of the messages created (id -> ids sharing its parent, in creation
     # order), known inside the creating transaction, so describing them needs no query.
     siblings: dict[str, list[str]] = field(default_factory=dict)
+    # Where a reader of what was started begins: after the seq its answer had reached
+    # (a Continue's earlier segments), else from the beginning.
+    after: int = 0
 
 
 def call(fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -279,6 +287,68 @@ def _ask(
     return question
 
 
+@dataclass(frozen=True, slots=True)
+class IdempotencyKey:
+    """A client's ``Idempotency-Key`` for a post, and the name the client gave it (the
+    header's, or a frame's field), for the errors about it."""
+
+    key: str
+    stored: str  # as ``Message.idempotency_key`` holds it: unique per user
+    field: str
+
+    MAX_CHARS = 255
+
+    @classmethod
+    def of(cls, user: Any, value: Any, field: str) -> IdempotencyKey | None:
+        """The key ``value`` (None: absent), or ``InvalidParams`` naming ``field``."""
+        if value is None:
+            return None
+        if not (
+            isinstance(value, str)
+            and 0 < len(value) <= cls.MAX_CHARS
+            and value.isascii()
+            and value.isprintable()
+        ):
+            raise InvalidParams(
+                f"must be 1 to {cls.MAX_CHARS} printable ASCII characters", field=field
+            )
+        return cls(value, f"{user.pk}:{value}", field)
+
+
+Created = tuple[Message, Message, SegmentPlan | None, dict[str, list[str]]]
+
+
+def _replay(key: IdempotencyKey, conversation_id: Any, asked: ChatTurn) -> Created | None:
+    """What the request that first sent ``key`` made, if one did, as it is now; or
+    ``IdempotencyKeyReused`` when that request posted something else or elsewhere. A
+    retry starts nothing: the answer it finds is the one to read (still streaming, or
+    ended)."""
+    question = Message.objects.filter(idempotency_key=key.stored).first()
+    if question is None:
+        return None
+    same = (
+        question.role == asked.role
+        and question.content == asked.content
+        and (conversation_id is None or str(question.conversation_id) == str(conversation_id))
+    )
+    answer = (
+        Message.objects.filter(parent_id=question.id, role=Message.Role.ASSISTANT)
+        .order_by("created_at", "id")
+        .first()
+    )
+    if not same or answer is None:
+        raise IdempotencyKeyReused(
+            f"was sent with another message (message {question.id}); a retry repeats its "
+            "request, and a new message takes a new key",
+            field=key.field,
+        )
+    siblings = {
+        str(question.id): sibling_ids(question.conversation_id, question.parent_id),
+        str(answer.id): sibling_ids(answer.conversation_id, answer.parent_id),
+    }
+    return question, answer, None, siblings
+
+
 def _create_exchange(
     user: Any,
     conversation_id: Any,
@@ -289,23 +359,29 @@ def _create_exchange(
     grace: float | None,
     asked: ChatTurn,
     default_model: str,
-) -> tuple[Message, Message, SegmentPlan, dict[str, list[str]]]:
+    key: IdempotencyKey | None,
+) -> Created:
     """``raw_params`` were checked for ``model``'s engine (the default one for ""); they
     are checked again for the engine that answers (the conversation's model may be
-    another engine's)."""
+    another engine's). With ``key``, a retry of a request that made its messages gets
+    those (``_replay``) and no plan."""
     events: list[dict[str, Any]] = []
     with transaction.atomic():
         if conversation_id is None:
             # A new conversation, made with its messages or not at all; the owner's row is
             # locked as conversation_for(lock=True) does, for the limit's count.
             statements.lock_user(user.pk)
+        else:
+            conversation = conversation_for(user, conversation_id, lock=True)
+        # Under the lock, so that a retry racing its request finds what that one made.
+        if key is not None and (earlier_request := _replay(key, conversation_id, asked)):
+            return earlier_request
+        if conversation_id is None:
             conversation = Conversation(owner_id=user.pk)
             statements.insert([conversation])
             events.append(
                 _event("conversation.created", conversation=str(conversation.id), title="")
             )
-        else:
-            conversation = conversation_for(user, conversation_id, lock=True)
         _check_capacity(user)
         model = model or conversation.model or default_model
         params = clean_params(raw_params, model)
@@ -336,6 +412,7 @@ def _create_exchange(
         user_message = _ask(
             conversation, parent_id, content, role=asked.role, tool_call_id=asked.tool_call_id
         )
+        user_message.idempotency_key = key.stored if key is not None else None
         if not conversation.title:
             conversation.title = _title_from(history, [*prior, asked])
             conversation.title_source = Conversation.TitleSource.QUESTION
@@ -463,6 +540,8 @@ def create_exchange(
     abandon_grace: float | None = None,
     tool_call_id: str = "",
     model: str = "",
+    idempotency_key: Any = None,
+    idempotency_field: str = IDEMPOTENCY_HEADER,
 ) -> Exchange:
     """Create the user message and the streaming assistant message, and start the answer.
 
@@ -472,6 +551,9 @@ def create_exchange(
     ``content`` is not the user's but a tool's result, for that call of the model's (the
     turn of a tool loop that hands the result back). ``model``: the model that answers
     (checked; by default the conversation's, else the default engine's).
+    ``idempotency_key``: the client's key for this post (named ``idempotency_field`` in
+    its errors); a retry with it gets what the first request made, and starts nothing
+    (``Exchange.generation`` None).
 
     Synchronous, for the thread that already holds a database connection (a REST
     request's): the rows are written here and only the start hops onto the runtime's
@@ -488,8 +570,10 @@ def create_exchange(
             f"at most {settings.MAX_PRIOR_MESSAGES} earlier messages per request",
             field="messages",
         )
+    key = IdempotencyKey.of(user, idempotency_key, idempotency_field)
     role = Message.Role.TOOL if tool_call_id else Message.Role.USER
-    user_message, assistant, plan, siblings = _create_exchange(
+    create = functools.partial(
+        _create_exchange,
         user,
         conversation_id,
         content,
@@ -499,8 +583,19 @@ def create_exchange(
         abandon_grace,
         ChatTurn(role, content, tool_call_id=tool_call_id),
         runtime.engine.model,
+        key,
     )
-    return Exchange(user_message, assistant, runtime.launch_threadsafe(plan), siblings)
+    try:
+        user_message, assistant, plan, siblings = create()
+    except IntegrityError:
+        # Only a key sent at once to two conversations collides (posts to one are
+        # ordered by its lock, new conversations by their owner's): the second attempt
+        # finds the first request's messages and says why the key does not fit.
+        if key is None:
+            raise
+        user_message, assistant, plan, siblings = create()
+    generation = runtime.launch_threadsafe(plan) if plan is not None else None
+    return Exchange(user_message, assistant, generation, siblings)
 
 
 async def post_message(
@@ -513,6 +608,8 @@ async def post_message(
     abandon_grace: float | None = None,
     tool_call_id: str = "",
     model: str = "",
+    idempotency_key: Any = None,
+    idempotency_field: str = IDEMPOTENCY_HEADER,
 ) -> Exchange:
     """``create_exchange`` for async callers: one trip to a database thread."""
     return await database.run(
@@ -525,6 +622,8 @@ async def post_message(
         abandon_grace=abandon_grace,
         tool_call_id=tool_call_id,
         model=model,
+        idempotency_key=idempotency_key,
+        idempotency_field=idempotency_field,
     )
 
 
@@ -595,7 +694,8 @@ def create_continuation(user: Any, message_id: Any) -> Exchange:
     same id (synchronous, like ``create_exchange``)."""
     _accepting()
     message, plan = _create_continuation(user, message_id)
-    return Exchange(None, message, get_runtime().launch_threadsafe(plan))
+    generation = get_runtime().launch_threadsafe(plan)
+    return Exchange(None, message, generation, after=plan.first_seq - 1)
 
 
 async def continue_message(user: Any, message_id: Any) -> Exchange:

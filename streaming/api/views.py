@@ -36,7 +36,7 @@ from streaming.api.serializers import (
     RegenerateSerializer,
     RegenerationSerializer,
 )
-from streaming.errors import InvalidParams
+from streaming.errors import IDEMPOTENCY_HEADER, REPLAYED_HEADER, InvalidParams
 from streaming.jsonbody import body_limit, declared_length, too_large_detail
 from streaming.models import Conversation, Message
 from streaming.storable import UNSTORABLE, is_storable
@@ -57,7 +57,22 @@ STARTED = {
     409: OpenApiResponse(ErrorSerializer, description="that branch is still streaming"),
     429: OpenApiResponse(ErrorSerializer, description="too many answers streaming"),
 }
-POST_RESPONSES = {201: ExchangeSerializer, **ERRORS, 429: STARTED[429]}
+POST_RESPONSES = {
+    201: ExchangeSerializer,
+    **ERRORS,
+    422: OpenApiResponse(
+        ErrorSerializer, description="the `Idempotency-Key` was sent with another message"
+    ),
+    429: STARTED[429],
+}
+IDEMPOTENCY_KEY = OpenApiParameter(
+    IDEMPOTENCY_HEADER,
+    str,
+    OpenApiParameter.HEADER,
+    description="a key of the client's (1 to 255 printable ASCII characters), new for each "
+    "message: a retry with the same key and body gets the messages the first request made "
+    "(`Idempotent-Replayed: true`) instead of new ones",
+)
 
 
 class JSONOnly(DefaultContentNegotiation):
@@ -173,7 +188,8 @@ def _wants_wait(request: Request) -> bool:
 def _started(
     request: Request, exchange: services.Exchange, wait: bool, *, with_question: bool
 ) -> Response:
-    """201 with the new answer (and the question it answers when one was made)."""
+    """201 with the new answer (and the question it answers when one was made); a retry
+    gets the first request's 201 again, said so by ``Idempotent-Replayed``."""
     context = {"request": request, "siblings": exchange.siblings}
     answer = exchange.assistant_message
     if wait:
@@ -185,7 +201,8 @@ def _started(
             "user_message": MessageSerializer(exchange.user_message, context=context).data,
             **data,
         }
-    return Response(data, status=status.HTTP_201_CREATED)
+    replayed = {REPLAYED_HEADER: "true"} if exchange.generation is None else None
+    return Response(data, status=status.HTTP_201_CREATED, headers=replayed)
 
 
 def _message_data(request: Request, message_id: Any) -> dict[str, Any]:
@@ -211,7 +228,11 @@ class ConversationMessages(JSONView, generics.ListAPIView):
         data = MessageSerializer(messages, many=True, context={"request": request, "tree": tree})
         return self.get_paginated_response(data.data)
 
-    @extend_schema(request=PostMessageSerializer, responses=POST_RESPONSES, parameters=[WAIT])
+    @extend_schema(
+        request=PostMessageSerializer,
+        responses=POST_RESPONSES,
+        parameters=[WAIT, IDEMPOTENCY_KEY],
+    )
     def post(self, request: Request, conversation_id: Any) -> Response:
         """Post a user message and start the answer; the answer's ``stream`` has its URLs."""
         return _post_message(request, conversation_id)
@@ -228,12 +249,17 @@ def _post_message(request: Request, conversation_id: Any) -> Response:
         body.validated_data["content"],
         body.validated_data.get("params"),
         model=body.validated_data.get("model", ""),
+        idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
     )
     return _started(request, exchange, wait, with_question=True)
 
 
 class NewConversationMessages(JSONView):
-    @extend_schema(request=PostMessageSerializer, responses=POST_RESPONSES, parameters=[WAIT])
+    @extend_schema(
+        request=PostMessageSerializer,
+        responses=POST_RESPONSES,
+        parameters=[WAIT, IDEMPOTENCY_KEY],
+    )
     def post(self, request: Request) -> Response:
         """Start a new conversation with its first message, and its answer. The
         conversation is made in the same transaction: a refused message leaves nothing
@@ -278,7 +304,7 @@ class MessageContinue(JSONView):
             services.call(services.wait_until_ended, message_id)
             code = status.HTTP_200_OK
         data = _message_data(request, message_id)
-        data["after"] = exchange.generation.plan.first_seq - 1
+        data["after"] = exchange.after
         return Response(data, status=code)
 
 

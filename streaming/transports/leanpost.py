@@ -56,7 +56,7 @@ from django.middleware.security import SecurityMiddleware
 
 from streaming import database, representation, services
 from streaming.auth import cached_user, header, resolve_user, token_from_header
-from streaming.errors import ServiceError
+from streaming.errors import IDEMPOTENCY_HEADER, REPLAYED_HEADER, ServiceError
 from streaming.jsonbody import InvalidBody, body_limit, decode_json_body, media_type
 from streaming.models import Message
 from streaming.reading import MessageState
@@ -265,7 +265,12 @@ def _create(
     conversation_id = request.scope["url_route"]["kwargs"].get("conversation_id")
     try:
         exchange = services.create_exchange(
-            user, conversation_id, post["content"], post["params"], model=post["model"]
+            user,
+            conversation_id,
+            post["content"],
+            post["params"],
+            model=post["model"],
+            idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
         )
     except (ServiceError, DBError):
         # Any refusal or database error (Django's InterfaceError is not a DatabaseError):
@@ -278,7 +283,10 @@ def _create(
         "user_message": _described(question, exchange.siblings, absolute),
         "message": _described(answer, exchange.siblings, absolute),
     }
-    return Created(body, _response_headers(request), MessageState.of(answer))
+    headers = _response_headers(request)
+    if exchange.generation is None:
+        headers.append((REPLAYED_HEADER.lower().encode(), b"true"))
+    return Created(body, headers, MessageState.of(answer))
 
 
 def _described(

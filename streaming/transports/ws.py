@@ -369,6 +369,8 @@ class ChatConsumer(LoopWebsocketConsumer):
             frame.get("content"),
             frame.get("params"),
             model="" if model is None else model,
+            idempotency_key=frame.get("idempotency_key"),
+            idempotency_field="idempotency_key",
         )
         await self._started(frame, exchange, subscribe)
 
@@ -407,6 +409,8 @@ class ChatConsumer(LoopWebsocketConsumer):
             "parent_id": str(answer.parent_id) if answer.parent_id else None,
             "siblings": exchange.siblings.get(message_id, [message_id]),
         }
+        if exchange.generation is None:
+            reply["replayed"] = True  # a retry: the answer its first frame started
         await self._reply(frame, reply)
         if subscribe:
             await self._subscribe(frame, message_id, 0, MessageState.of(answer))
@@ -443,13 +447,8 @@ class ChatConsumer(LoopWebsocketConsumer):
 
     async def on_continue(self, frame: dict[str, Any]) -> None:
         exchange = await continue_message(self.user, self._message_id(frame))
-        generation = exchange.generation
-        await self._subscribe(
-            frame,
-            generation.message_id,
-            generation.plan.first_seq - 1,
-            MessageState.of(exchange.assistant_message),
-        )
+        answer = exchange.assistant_message
+        await self._subscribe(frame, str(answer.id), exchange.after, MessageState.of(answer))
 
     HANDLERS = {
         "auth": on_auth,

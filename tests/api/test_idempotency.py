@@ -1,0 +1,207 @@
+"""A post that did not answer can be sent again: with the same ``Idempotency-Key``, a
+retry gets the messages the first request made (``Idempotent-Replayed: true``) and
+starts nothing, on REST, the one-step stream and the WebSocket alike; a key sent with
+another message is refused naming it (docs/api.md)."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api.calls import assert_error, client, new_conversation
+from tests.badinput.test_ws_frames import connect, next_reply
+
+KEY = "Idempotency-Key"
+REPLAYED = "idempotent-replayed"
+QUICK = {"simulation": {"length": 12, "tokens_per_second": 500, "ttft_ms": 0}}
+# Long enough to be streaming still when it is retried.
+SLOW = {"simulation": {"length": 400, "tokens_per_second": 20, "ttft_ms": 0}}
+
+
+def send(
+    api: httpx.Client, url: str, key: str | None, content: str = "hello", params: Any = QUICK
+) -> httpx.Response:
+    headers = {KEY: key} if key is not None else {}
+    return api.post(url, json={"content": content, "params": params}, headers=headers)
+
+
+def ids(response: httpx.Response) -> tuple[str, str, str]:
+    assert response.status_code == 201, response.text
+    body = response.json()
+    return body["message"]["conversation"], body["user_message"]["id"], body["message"]["id"]
+
+
+def messages_in(api: httpx.Client, conversation: str) -> int:
+    listed = api.get(f"/api/conversations/{conversation}/messages/?tree=true")
+    assert listed.status_code == 200, listed.text
+    return listed.json()["count"]
+
+
+def test_a_retry_gets_what_the_first_post_made(daphne, account) -> None:
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        url = f"/api/conversations/{conversation}/messages/"
+        first = send(api, url, "k-1", params=SLOW)
+        assert REPLAYED not in first.headers
+        # While its answer streams (a post would be refused 409 then), and after it ended.
+        again = send(api, url, "k-1", params=SLOW)
+        assert again.headers[REPLAYED] == "true"
+        assert ids(again) == ids(first)
+        assert again.json()["message"]["status"] == "streaming"
+        api.post(f"/api/messages/{ids(first)[2]}/cancel/")
+        ended = send(api, url, "k-1", params=SLOW)
+        assert ids(ended) == ids(first) and ended.json()["message"]["status"] == "cancelled"
+        assert messages_in(api, conversation) == 2
+        # Another key is another message.
+        other = send(api, url, "k-2")
+        assert REPLAYED not in other.headers and ids(other)[1] != ids(first)[1]
+        assert messages_in(api, conversation) == 4
+
+
+def test_a_retry_of_a_new_conversations_first_message_makes_one_conversation(
+    daphne, account
+) -> None:
+    server = daphne()
+    with client(server, account.token) as api:
+        first = send(api, "/api/messages/", "new-1")
+        again = send(api, "/api/messages/", "new-1")
+        assert again.headers[REPLAYED] == "true"
+        assert ids(again) == ids(first)
+        assert api.get("/api/conversations/").json()["count"] == 1
+        # Sent to the conversation it made, the same post is still the same one.
+        to_it = send(api, f"/api/conversations/{ids(first)[0]}/messages/", "new-1")
+        assert ids(to_it) == ids(first)
+
+
+def test_a_key_sent_with_another_message_is_refused_naming_it(daphne, account) -> None:
+    server = daphne()
+    with client(server, account.token) as api:
+        one, two = new_conversation(api), new_conversation(api)
+        ids(send(api, f"/api/conversations/{one}/messages/", "used"))
+        for url, content in (
+            (f"/api/conversations/{one}/messages/", "something else"),
+            (f"/api/conversations/{two}/messages/", "hello"),
+        ):
+            refused = send(api, url, "used", content)
+            assert_error(refused, 422, "idempotency_key_reused", KEY)
+        assert messages_in(api, one) == 2 and messages_in(api, two) == 0
+
+
+def test_keys_are_each_users_own(daphne, account, other_account) -> None:
+    server = daphne()
+    with client(server, account.token) as mine, client(server, other_account.token) as theirs:
+        first = send(mine, "/api/messages/", "shared")
+        second = send(theirs, "/api/messages/", "shared")
+        assert REPLAYED not in second.headers
+        assert set(ids(first)).isdisjoint(ids(second))
+
+
+@pytest.mark.parametrize(
+    "key", [b"", b"x" * 256, b"tab\there", "caf\u00e9".encode("latin-1"), "caf\u00e9".encode()]
+)
+def test_a_key_that_is_not_printable_ascii_is_refused(daphne, account, key: bytes) -> None:
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        refused = api.post(
+            f"/api/conversations/{conversation}/messages/",
+            json={"content": "hello", "params": QUICK},
+            headers={KEY: key},
+        )
+        assert_error(refused, 400, "invalid_params", KEY)
+        assert messages_in(api, conversation) == 0
+
+
+def test_retries_racing_each_other_make_one_message(daphne, account) -> None:
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        urls = [f"/api/conversations/{conversation}/messages/", "/api/messages/"]
+        for url in urls:
+            key = f"race {url}"
+            with ThreadPoolExecutor(6) as pool:
+                answers = list(pool.map(send, [api] * 6, [url] * 6, [key] * 6))
+            made = {ids(answer) for answer in answers}
+            assert len(made) == 1, made
+            assert sum(REPLAYED not in a.headers for a in answers) == 1
+        assert messages_in(api, conversation) == 2
+        assert api.get("/api/conversations/").json()["count"] == 2
+
+
+def test_a_one_step_retry_streams_the_first_posts_answer_from_the_start(daphne, account) -> None:
+    """A one-step post whose stream broke, sent again: the same ``created`` ids, then the
+    whole answer, which equals what was stored."""
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        url = f"/api/conversations/{conversation}/messages/"
+        headers = {KEY: "one-step", "Accept": "text/event-stream"}
+        body = {"content": "hello", "params": QUICK}
+        with api.stream("POST", url, json=body, headers=headers) as first:
+            assert first.status_code == 200
+            created, _ = _read(first, until="created")  # then the stream breaks
+        with api.stream("POST", url, json=body, headers=headers) as again:
+            assert again.status_code == 200 and again.headers[REPLAYED] == "true"
+            replayed, events = _read(again, until="done")
+        assert replayed == created
+        text = "".join(event["text"] for event in events if event["type"] == "delta")
+        answer = api.get(f"/api/messages/{created['message']}/").json()
+        assert answer["status"] == "complete" and text == answer["content"] != ""
+        assert messages_in(api, conversation) == 2
+
+
+def _read(response: httpx.Response, until: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The ``created`` event's ids, and the events after it up to the first ``until``."""
+    created: dict[str, str] = {}
+    events: list[dict[str, Any]] = []
+    kind = ""
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: "):
+            data = json.loads(line[6:])
+            if kind == "created":
+                created = {name: message["id"] for name, message in data.items()}
+            else:
+                events.append(data)
+            if (kind or data.get("type")) == until:
+                break
+            kind = ""
+    return created, events
+
+
+async def test_a_websocket_create_takes_a_key_too(daphne, account) -> None:
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+    frame = {
+        "type": "message.create",
+        "conversation": conversation,
+        "content": "hello",
+        "params": QUICK,
+        "subscribe": False,
+        "idempotency_key": "ws-1",
+    }
+    async with connect(server, account.token) as ws:
+        replies = []
+        for _ in range(2):
+            await ws.send(json.dumps(frame))
+            replies.append(await next_reply(ws))
+        first, again = replies
+        assert first["type"] == again["type"] == "message.created", replies
+        assert "replayed" not in first and again["replayed"] is True
+        assert again["message_id"] == first["message_id"]
+        assert again["user_message_id"] == first["user_message_id"]
+        await ws.send(json.dumps({**frame, "idempotency_key": 7}))
+        bad = await next_reply(ws)
+        assert (bad["code"], bad["field"]) == ("invalid_params", "idempotency_key"), bad
+        await ws.send(json.dumps({**frame, "content": "else"}))
+        reused = await next_reply(ws)
+        assert (reused["code"], reused["field"]) == ("idempotency_key_reused", "idempotency_key")
+    with client(server, account.token) as api:
+        assert messages_in(api, conversation) == 2
