@@ -209,3 +209,79 @@ def test_send_becomes_stop_while_the_answer_streams_and_back_when_it_ends(open_c
     expect(send).to_be_enabled()
     expect(stop).to_have_count(0)
     assert chat.errors == []
+
+
+def _messages_of(chat, conversation: str) -> int:
+    response = httpx.get(
+        f"{chat.api_url}/api/conversations/{conversation}/messages/?tree=true",
+        headers={"Authorization": f"Token {chat.token}"},
+        timeout=10,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["count"]
+
+
+def test_a_send_whose_answer_was_lost_is_sent_again_and_made_once(open_chat):
+    """The first post reaches the server, which makes the message, but its answer never
+    reaches the page (the connection drops): the page sends it again with the same
+    ``Idempotency-Key`` and shows the one message the server made."""
+    chat = open_chat()
+    page = chat.page
+    keys: list[str | None] = []
+
+    def lose_the_first_answer(route):
+        keys.append(route.request.headers.get("idempotency-key"))
+        if len(keys) == 1:
+            route.fetch()  # made on the server; the page never hears of it
+            route.abort()
+        else:
+            route.continue_()
+
+    page.route("**/api/messages/", lose_the_first_answer)
+    answer = chat.ask("only once", text="made once", tokens_per_second=500)
+    expect(answer).to_have_attribute("data-status", "complete")
+    assert len(keys) == 2 and keys[0] and keys[0] == keys[1], keys
+    expect(page.locator("article.message.user")).to_have_count(1)
+    expect(page.locator("article.message.assistant")).to_have_count(1)
+    expect(chat.content(answer)).to_have_text("made once")
+    (conversation,) = listed_conversations(chat)
+    assert _messages_of(chat, conversation["id"]) == 2
+    expect(page.locator("#notice")).to_be_hidden()
+
+
+def test_sending_again_after_the_retries_gave_up_makes_no_second_message(open_chat):
+    """Every retry failed too (the banner says the server could not be reached): pressing
+    Enter again on the same text sends the same key, so the message the first post made is
+    shown, not made twice. Over WebSocket, where the post answers JSON."""
+    chat = open_chat()
+    page = chat.page
+    chat.use_transport("ws")
+    first = chat.ask("first", text="one", tokens_per_second=500)
+    expect(first).to_have_attribute("data-status", "complete")
+    conversation = listed_conversations(chat)[0]["id"]
+    keys: list[str | None] = []
+
+    def unreachable_after_the_first(route):
+        keys.append(route.request.headers.get("idempotency-key"))
+        if len(keys) == 1:
+            route.fetch()
+        route.abort()
+
+    page.route("**/api/conversations/*/messages/", unreachable_after_the_first)
+    chat.simulate(text="two", tokens_per_second=500)
+    box = page.get_by_label("Message", exact=True)
+    box.fill("second")
+    box.press("Enter")
+    expect(page.locator("#notice")).to_contain_text("The server could not be reached")
+    assert len(keys) > 1 and len(set(keys)) == 1, keys
+    expect(box).to_have_value("second")  # nothing typed is lost
+    page.unroute("**/api/conversations/*/messages/")
+
+    with page.expect_request("**/api/conversations/*/messages/") as resent:
+        box.press("Enter")
+    assert resent.value.headers.get("idempotency-key") == keys[0]
+    answers = page.locator("article.message.assistant")
+    expect(answers).to_have_count(2)
+    expect(chat.content(answers.nth(1))).to_have_text("two")
+    expect(page.locator("article.message.user")).to_have_count(2)
+    assert _messages_of(chat, conversation) == 4

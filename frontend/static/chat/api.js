@@ -1,6 +1,6 @@
 // The REST API, with the session cookie and Django's CSRF token on unsafe requests.
 
-import { openedPost } from "./transports/post.js";
+import { StreamLost, openedPost } from "./transports/post.js";
 
 export class ApiError extends Error {
   constructor(status, body) {
@@ -27,8 +27,8 @@ function csrfToken() {
   return "";
 }
 
-function send(method, path, body, accept) {
-  const headers = { Accept: accept };
+function send(method, path, body, accept, extra = {}) {
+  const headers = { ...extra, Accept: accept };
   if (method !== "GET" && method !== "HEAD") headers["X-CSRFToken"] = csrfToken();
   if (body !== undefined) headers["Content-Type"] = "application/json";
   return fetch(path, {
@@ -49,8 +49,8 @@ export async function request(method, path, body) {
  * the response still streaming the answer's events (`connection`, see
  * `transports/post.js`). A refusal throws as `request` does.
  */
-export async function startStreaming(path, body) {
-  const response = await send("POST", path, body, "text/event-stream");
+export async function startStreaming(path, body, headers = {}) {
+  const response = await send("POST", path, body, "text/event-stream", headers);
   const type = response.headers.get("content-type") || "";
   if (!response.ok || !type.startsWith("text/event-stream")) {
     return { created: await answerOf(response), connection: null };
@@ -103,20 +103,50 @@ export const conversations = {
   switchTo: (id, messageId) => request("PATCH", `/api/conversations/${id}/`, { current_leaf: messageId }),
 };
 
-/** A POST that starts an answer: `{created, connection}`; with `stream`, the answer comes
- * back in the same request (`startStreaming`), else `connection` is null and the answer is
- * read over the transport. */
-function starting(path, body, stream) {
-  if (stream) return startStreaming(path, body);
-  return request("POST", path, body).then((created) => ({ created, connection: null }));
+/** A new key for a message's post (`Idempotency-Key`): random, one per message. */
+export function idempotencyKey() {
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return Array.from(bytes, (byte) => byte.toString(16).padStart(2, "0")).join("");
+}
+
+// How long a post that got no answer waits before each retry.
+const RETRY_DELAYS_MS = [500, 1000, 2000, 4000];
+
+/** Whether a post failed without an answer, so the server may or may not have made its
+ * message: the network failed (fetch rejects with a TypeError), the stream broke before
+ * it said what it created, or a proxy or a stopping server answered for the app. */
+export function unanswered(error) {
+  if (error instanceof ApiError) return [502, 503, 504].includes(error.status);
+  return error instanceof TypeError || error instanceof StreamLost;
+}
+
+/**
+ * A POST that starts a message's answer: `{created, connection}`; with `stream`, the
+ * answer comes back in the same request (`startStreaming`), else `connection` is null and
+ * the answer is read over the transport. Sent with `key` as its `Idempotency-Key`, and
+ * sent again with it while it gets no answer: a retry gets what the first post made, so
+ * a message that reached the server is never made twice.
+ */
+async function starting(path, body, stream, key) {
+  const headers = { "Idempotency-Key": key };
+  for (let attempt = 0; ; attempt++) {
+    try {
+      if (stream) return await startStreaming(path, body, headers);
+      const created = await answerOf(await send("POST", path, body, "application/json", headers));
+      return { created, connection: null };
+    } catch (error) {
+      if (!unanswered(error) || attempt >= RETRY_DELAYS_MS.length) throw error;
+      await new Promise((resolve) => setTimeout(resolve, RETRY_DELAYS_MS[attempt]));
+    }
+  }
 }
 
 export const messages = {
-  post: (conversationId, content, params, stream, model) =>
-    starting(`/api/conversations/${conversationId}/messages/`, { content, params, model }, stream),
+  post: (conversationId, content, params, stream, model, key) =>
+    starting(`/api/conversations/${conversationId}/messages/`, { content, params, model }, stream, key),
   /** The first message of a new conversation: made together, or not at all. */
-  start: (content, params, stream, model) =>
-    starting("/api/messages/", { content, params, model }, stream),
+  start: (content, params, stream, model, key) =>
+    starting("/api/messages/", { content, params, model }, stream, key),
   get: (id) => request("GET", `/api/messages/${id}/`),
   cancel: (id) => request("POST", `/api/messages/${id}/cancel/`),
   continue: (id) => request("POST", `/api/messages/${id}/continue/`),

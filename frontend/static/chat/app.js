@@ -2,7 +2,7 @@
 // the answers. Writes go through the REST API; answers are read over the transport the
 // person picked (SSE or WebSocket), which both speak the same event protocol.
 
-import { ApiError, conversations, messages, readiness } from "./api.js";
+import { ApiError, conversations, idempotencyKey, messages, readiness, unanswered } from "./api.js";
 import { decorate } from "./branches.js";
 import { AssistantBubble, userBubble } from "./bubble.js";
 import { Drafts } from "./drafts.js";
@@ -515,6 +515,16 @@ function generationParams() {
   return params;
 }
 
+// A message whose post got no answer, even after its retries: sent again as it was (the
+// same text, to the same place), it goes with the same key, so the server gives back what
+// the first post made if it did reach it, instead of making the message twice.
+let unansweredSend = null;
+
+function keyFor(target, content) {
+  const same = unansweredSend && unansweredSend.target === target && unansweredSend.content === content;
+  return same ? unansweredSend.key : idempotencyKey();
+}
+
 async function send() {
   const content = input.value;
   if (!content.trim() || !sendButton.sendable) return;
@@ -529,6 +539,7 @@ async function send() {
   updateControls();
   notices.clear();
   const startedIn = state.conversationId;
+  const key = keyFor(startedIn, content);
   try {
     const askedAt = performance.now();
     // A new conversation is made with its first message, or not at all: a refused
@@ -537,8 +548,9 @@ async function send() {
     // first. Over WebSocket the answer is read on the socket, as every other.
     const oneStep = transport() === "sse";
     const { created: exchange, connection } = startedIn
-      ? await messages.post(startedIn, content, params, oneStep, modelPicker.value)
-      : await messages.start(content, params, oneStep, modelPicker.value);
+      ? await messages.post(startedIn, content, params, oneStep, modelPicker.value, key)
+      : await messages.start(content, params, oneStep, modelPicker.value, key);
+    unansweredSend = null;
     const conversationId = exchange.message.conversation;
     drafts.sent(startedIn);
     // The simulation settings are for one message: they never stick to the next ones.
@@ -550,6 +562,13 @@ async function send() {
         state.conversationId = conversationId;
         drafts.open(conversationId);
         history.pushState(null, "", `#/c/${conversationId}`);
+      }
+      if (shownHere(exchange.message.id)) {
+        // A retry whose first post made the message, already shown (a reload of the
+        // conversation found it): it is not shown twice, and its answer is followed there.
+        if (connection) connection.attach(ignored).close();
+        conversationChanged(conversationId);
+        return;
       }
       const bubble = assistantBubble({ ...exchange.message, content: "", reasoning: "", tool_calls: [] });
       for (const empty of log.querySelectorAll(".empty-state")) empty.remove();
@@ -567,12 +586,16 @@ async function send() {
     }
     conversationChanged(conversationId);
   } catch (error) {
+    unansweredSend = unanswered(error) ? { target: startedIn, content, key } : null;
     showError(error);
   } finally {
     state.sending = false;
     updateControls();
   }
 }
+
+// A stream's events nobody reads (`connection.attach` needs a sink).
+const ignored = { opened() {}, event() {}, lost() {} };
 
 // --- Stop ----------------------------------------------------------------------------
 // A Stop that cannot reach the server is kept and sent again as soon as the server can be

@@ -3,6 +3,9 @@
 // them. It is the stream's first connection; when it drops, the stream goes on over its
 // transport from its cursor, as after any lost connection.
 
+/** The response ended before its `created` event: what the server made is not known. */
+export class StreamLost extends Error {}
+
 function* frames(buffer) {
   let end;
   while ((end = buffer.text.indexOf("\n\n")) !== -1) {
@@ -52,7 +55,7 @@ export async function openedPost(response) {
     }
     if (!pump.resolved) {
       pump.resolved = true;
-      pump.reject(new Error("the server ended the answer's stream before saying what it created"));
+      pump.reject(new StreamLost("the server ended the answer's stream before saying what it created"));
     }
     if (!closed && sink) sink.lost("the event stream was interrupted");
     closed = true;
