@@ -6,15 +6,18 @@ to the Daphne processes, which connect to the same test database (PostgreSQL in 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.support.servers import DaphneServer, server_env
+from tests.support.servers import DaphneServer, TwoProcesses, server_env
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 
@@ -84,6 +87,26 @@ def daphne(transactional_db: None) -> Iterator[Callable[..., DaphneServer]]:
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def two_processes(
+    daphne: Callable[..., DaphneServer],
+) -> Callable[..., AbstractAsyncContextManager[TwoProcesses]]:
+    """Factory: ``async with two_processes(**env) as (a, b, ca, cb)`` starts two Daphne
+    processes with the same ``env`` (named ``"a"`` and ``"b"`` unless given) and opens an
+    HTTP client on each, closed when the block ends; the processes stop at test end."""
+
+    @contextlib.asynccontextmanager
+    async def start(first: str = "a", second: str = "b", **env: Any) -> AsyncIterator[TwoProcesses]:
+        a, b = daphne(first, **env), daphne(second, **env)
+        async with (
+            httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+            httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+        ):
+            yield TwoProcesses(a, b, ca, cb)
+
+    return start
 
 
 @pytest.fixture

@@ -30,14 +30,9 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.redis]
 OUTAGE_SECONDS = 1.5  # how long Redis stays down: the fault itself, not a synchronisation
 
 
-async def test_redis_restart_mid_stream_loses_nothing(daphne, account, private_redis):
+async def test_redis_restart_mid_stream_loses_nothing(two_processes, account, private_redis):
     env = {"REDIS_URL": private_redis.url, "STREAM_HEARTBEAT_INTERVAL": "0.5"}
-    generating = daphne("gen", **env)
-    following = daphne("follow", **env)
-    async with (
-        httpx.AsyncClient(base_url=generating.url, timeout=30) as a,
-        httpx.AsyncClient(base_url=following.url, timeout=30) as b,
-    ):
+    async with two_processes("gen", "follow", **env) as (_, _, a, b):
         conversation = await create_conversation(a, account.token)
         message = await post_message(
             a, account.token, conversation, "hi",
@@ -71,7 +66,7 @@ async def test_redis_restart_mid_stream_loses_nothing(daphne, account, private_r
 
 
 async def test_redis_restart_then_a_crash_keeps_the_text_from_its_first_character(
-    daphne, account, private_redis
+    two_processes, account, private_redis
 ):
     """After a restart the log holds only what came since; the generating process then
     dies. The reaper splices the database's text (which records the seq it reaches) with
@@ -82,12 +77,7 @@ async def test_redis_restart_then_a_crash_keeps_the_text_from_its_first_characte
         "STREAM_HEARTBEAT_TIMEOUT": "1.5",
         "STREAM_FLUSH_INTERVAL": "0.1",
     }
-    generating = daphne("gen", **env)
-    reaping = daphne("reap", **env)
-    async with (
-        httpx.AsyncClient(base_url=generating.url, timeout=30) as a,
-        httpx.AsyncClient(base_url=reaping.url, timeout=30) as b,
-    ):
+    async with two_processes("gen", "reap", **env) as (generating, _, a, b):
         conversation = await create_conversation(a, account.token)
         message = await post_message(
             a, account.token, conversation, "hi",
@@ -122,15 +112,13 @@ async def streaming_answer(client: httpx.AsyncClient, token: str) -> dict[str, A
 
 
 async def test_a_websocket_subscription_while_redis_is_down_is_told_and_resumes(
-    daphne, account, private_redis
+    two_processes, account, private_redis
 ):
     """A reader in another process than the generation's cannot attach (its count must
     reach that process through Redis): it gets an error naming its cursor, not heartbeats
     only; subscribing again once Redis is back streams the answer to its end."""
     env = {"REDIS_URL": private_redis.url, "STREAM_HEARTBEAT_INTERVAL": "0.5"}
-    generating = daphne("gen", **env)
-    following = daphne("ws", **env)
-    async with httpx.AsyncClient(base_url=generating.url, timeout=30) as client:
+    async with two_processes("gen", "ws", **env) as (_, following, client, _):
         message = await streaming_answer(client, account.token)
         ws = await ChatSocket.connect(following.ws_url, account.token)
         try:

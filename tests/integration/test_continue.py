@@ -125,18 +125,14 @@ async def test_continue_refuses_streaming_and_complete_messages(daphne, account,
 
 
 @pytest.mark.usefixtures("needs_redis")
-async def test_continue_after_interruption(daphne, account, emulator):
+async def test_continue_after_interruption(two_processes, account, emulator):
     env = {
         "ENGINE_URL": emulator,
         "ENGINE_MODEL": "test-model",
         "STREAM_HEARTBEAT_INTERVAL": "0.3",
         "STREAM_HEARTBEAT_TIMEOUT": "1.5",
     }
-    a, b = daphne("a", **env), daphne("b", **env)
-    async with (
-        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
-        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
-    ):
+    async with two_processes(**env) as (a, _, ca, cb):
         assert (await cb.get("/healthz")).status_code == 200
         conversation = await create_conversation(ca, account.token)
         message = await post_message(
@@ -167,17 +163,13 @@ async def test_continue_after_interruption(daphne, account, emulator):
 
 
 @pytest.mark.usefixtures("needs_redis")
-async def test_interrupted_answers_continue_automatically_when_enabled(daphne, account):
+async def test_interrupted_answers_continue_automatically_when_enabled(two_processes, account):
     env = {
         "STREAM_HEARTBEAT_INTERVAL": "0.3",
         "STREAM_HEARTBEAT_TIMEOUT": "1.5",
         "STREAM_AUTO_CONTINUE_INTERRUPTED": "1",
     }
-    a, b = daphne("a", **env), daphne("b", **env)
-    async with (
-        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
-        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
-    ):
+    async with two_processes(**env) as (a, _, ca, cb):
         assert (await cb.get("/healthz")).status_code == 200
         conversation = await create_conversation(ca, account.token)
         message = await post_message(

@@ -55,12 +55,10 @@ async def first_event(client: httpx.AsyncClient, token: str, message_id: str) ->
                 return  # leave: the only reader goes away
 
 
-async def test_stop_and_abandonment_with_openai_streams_open(daphne, account):
+async def test_stop_and_abandonment_with_openai_streams_open(two_processes, account):
     env = {"MAX_CONCURRENT_GENERATIONS_PER_USER": 20, "STREAM_ABANDON_GRACE": "0"}
-    a, b = daphne("a", **env), daphne("b", **env)
     async with (
-        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
-        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+        two_processes(**env) as (_, _, ca, cb),
         contextlib.AsyncExitStack() as streams,
     ):
         for _ in range(OPEN_STREAMS):

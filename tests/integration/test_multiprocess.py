@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 
 from tests.support.clients import (
@@ -27,12 +26,8 @@ def assert_exact_sequence(events: list[dict]) -> None:
     assert seqs == sorted(seqs) and len(seqs) == len(set(seqs)), seqs
 
 
-async def test_resume_on_another_process_gets_exactly_the_remainder(daphne, account):
-    a, b = daphne("a"), daphne("b")
-    async with (
-        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
-        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
-    ):
+async def test_resume_on_another_process_gets_exactly_the_remainder(two_processes, account):
+    async with two_processes() as (_, b, ca, cb):
         conversation = await create_conversation(ca, account.token)
         message = await post_message(
             ca, account.token, conversation, "long please",
@@ -60,12 +55,8 @@ async def test_resume_on_another_process_gets_exactly_the_remainder(daphne, acco
         assert text_of(sse_all) == persisted["content"]
 
 
-async def test_live_follow_from_another_process(daphne, account):
-    a, b = daphne("a"), daphne("b")
-    async with (
-        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
-        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
-    ):
+async def test_live_follow_from_another_process(two_processes, account):
+    async with two_processes() as (_, _, ca, cb):
         conversation = await create_conversation(ca, account.token)
         message = await post_message(
             ca, account.token, conversation, "hi",
@@ -81,16 +72,12 @@ async def test_live_follow_from_another_process(daphne, account):
         assert text_of(remote_events) == text_of([e.data for e in local.events])
 
 
-async def test_a_reader_ahead_of_the_answer_on_another_process_ends_with_it(daphne, account):
+async def test_a_reader_ahead_of_the_answer_on_another_process_ends_with_it(two_processes, account):
     """A cursor past the end of an answer streaming elsewhere (a made-up id, one from
     another message) gets no events, and its stream ends when the answer does: the SSE
     response closes (its reconnect gets 204) and the WS subscription is unsubscribed with
     the final status."""
-    a, b = daphne("a"), daphne("b")
-    async with (
-        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
-        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
-    ):
+    async with two_processes() as (_, b, ca, cb):
         conversation = await create_conversation(ca, account.token)
         message = await post_message(
             ca, account.token, conversation, "hi",
@@ -114,13 +101,9 @@ async def test_a_reader_ahead_of_the_answer_on_another_process_ends_with_it(daph
         assert again.status == 204
 
 
-async def test_stop_from_another_process_cancels_the_generation(daphne, account, emulator):
+async def test_stop_from_another_process_cancels_the_generation(two_processes, account, emulator):
     env = {"ENGINE_URL": emulator, "ENGINE_MODEL": "test-model"}
-    a, b = daphne("a", **env), daphne("b", **env)
-    async with (
-        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
-        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
-    ):
+    async with two_processes(**env) as (_, _, ca, cb):
         conversation = await create_conversation(ca, account.token)
         message = await post_message(
             ca, account.token, conversation, '[[emu {"tokens": 2000, "tokens_per_second": 50}]]'
@@ -153,13 +136,9 @@ async def test_stop_from_another_process_cancels_the_generation(daphne, account,
         assert persisted["content"], "the partial answer is kept"
 
 
-async def test_killed_process_is_reaped_and_nothing_is_lost(daphne, account):
+async def test_killed_process_is_reaped_and_nothing_is_lost(two_processes, account):
     fast_reaper = {"STREAM_HEARTBEAT_INTERVAL": "0.3", "STREAM_HEARTBEAT_TIMEOUT": "1.5"}
-    a, b = daphne("a", **fast_reaper), daphne("b", **fast_reaper)
-    async with (
-        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
-        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
-    ):
+    async with two_processes(**fast_reaper) as (a, _, ca, cb):
         assert (await cb.get("/healthz")).status_code == 200  # B is up and beating
         conversation = await create_conversation(ca, account.token)
         message = await post_message(
@@ -188,15 +167,13 @@ async def test_killed_process_is_reaped_and_nothing_is_lost(daphne, account):
         assert persisted["last_seq"] == done["seq"]
 
 
-async def test_deleting_a_conversation_ends_readers_of_a_dead_process_answer(daphne, account):
+async def test_deleting_a_conversation_ends_readers_of_a_dead_process_answer(
+    two_processes, account
+):
     """The generating process died and no reaper has acted yet (a long heartbeat timeout):
     deleting the conversation must still end the reader following the answer elsewhere."""
     slow_reaper = {"STREAM_HEARTBEAT_TIMEOUT": "600"}
-    a, b = daphne("a", **slow_reaper), daphne("b", **slow_reaper)
-    async with (
-        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
-        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
-    ):
+    async with two_processes(**slow_reaper) as (a, _, ca, cb):
         conversation = await create_conversation(ca, account.token)
         message = await post_message(
             ca, account.token, conversation, "long",

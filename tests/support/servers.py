@@ -13,8 +13,9 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import httpx
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,6 +124,15 @@ class DaphneServer:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+
+class TwoProcesses(NamedTuple):
+    """Two Daphne processes sharing the database and Redis, and an HTTP client of each."""
+
+    a: DaphneServer
+    b: DaphneServer
+    ca: httpx.AsyncClient
+    cb: httpx.AsyncClient
 
 
 def server_env(**overrides: Any) -> dict[str, str]:
