@@ -228,11 +228,13 @@ def _start_answer(
     grace: float | None,
     *,
     new: tuple[Message, ...] = (),
+    key: IdempotencyKey | None = None,
 ) -> tuple[Message, SegmentPlan]:
     """The streaming answer to the last message of ``prompt`` (the path down to the
     message it answers), made the conversation's current leaf; ``model`` answers it.
     ``new``: messages not stored yet (the question, earlier turns), written with the
-    answer in one statement. Inside the caller's transaction."""
+    answer in one statement. ``key``: the request's, when the answer is the first thing
+    it makes (a regeneration). Inside the caller's transaction."""
     assistant = Message(
         conversation=conversation,
         parent=prompt[-1],
@@ -240,6 +242,7 @@ def _start_answer(
         status=Status.STREAMING,
         params=params,
         model=model,
+        idempotency_key=key.stored if key is not None else None,
     )
     segment = Segment(message=assistant, index=0, first_seq=1, worker=WORKER_ID)
     # The answer describes the message as created: no second read for it.
@@ -315,36 +318,43 @@ class IdempotencyKey:
         return cls(value, f"{user.pk}:{value}", field)
 
 
-Created = tuple[Message, Message, SegmentPlan | None, dict[str, list[str]]]
+Created = tuple[Message | None, Message, SegmentPlan | None, dict[str, list[str]]]
 
 
-def _replay(key: IdempotencyKey, conversation_id: Any, asked: ChatTurn) -> Created | None:
-    """What the request that first sent ``key`` made, if one did, as it is now; or
-    ``IdempotencyKeyReused`` when that request posted something else or elsewhere. A
-    retry starts nothing: the answer it finds is the one to read (still streaming, or
-    ended)."""
-    question = Message.objects.filter(idempotency_key=key.stored).first()
-    if question is None:
+def _earlier_request(key: IdempotencyKey | None) -> tuple[IdempotencyKey, Message] | None:
+    """The message the request that first sent ``key`` made first (a post's or an
+    edit's question, a regenerated answer), with the key; None without a key or such a
+    request. Called under the lock that orders the requests it could race, so a retry
+    finds what a first request committed."""
+    if key is None:
         return None
-    same = (
-        question.role == asked.role
-        and question.content == asked.content
-        and (conversation_id is None or str(question.conversation_id) == str(conversation_id))
-    )
-    answer = (
-        Message.objects.filter(parent_id=question.id, role=Message.Role.ASSISTANT)
-        .order_by("created_at", "id")
-        .first()
-    )
-    if not same or answer is None:
+    made = Message.objects.filter(idempotency_key=key.stored).first()
+    return (key, made) if made is not None else None
+
+
+def _replayed(key: IdempotencyKey, made: Message, fits: bool) -> Created:
+    """What the first request with ``key`` made (``made``, and its answer when ``made``
+    is a question) as it is now, and no plan: a retry starts nothing, the answer it
+    finds is the one to read. ``IdempotencyKeyReused`` when the retry does not ``fit``
+    that request (another message, elsewhere, or another kind of request)."""
+    answer: Message | None = made
+    if made.role != Message.Role.ASSISTANT:
+        answer = (
+            Message.objects.filter(parent_id=made.id, role=Message.Role.ASSISTANT)
+            .order_by("created_at", "id")
+            .first()
+        )
+    if not fits or answer is None:
         raise IdempotencyKeyReused(
-            f"was sent with another message (message {question.id}); a retry repeats its "
-            "request, and a new message takes a new key",
+            f"was sent with another request (message {made.id}); a retry repeats its "
+            "request, and a new request takes a new key",
             field=key.field,
         )
+    question = made if made is not answer else None
     siblings = {
-        str(question.id): sibling_ids(question.conversation_id, question.parent_id),
-        str(answer.id): sibling_ids(answer.conversation_id, answer.parent_id),
+        str(message.id): sibling_ids(message.conversation_id, message.parent_id)
+        for message in (question, answer)
+        if message is not None
     }
     return question, answer, None, siblings
 
@@ -364,7 +374,7 @@ def _create_exchange(
     """``raw_params`` were checked for ``model``'s engine (the default one for ""); they
     are checked again for the engine that answers (the conversation's model may be
     another engine's). With ``key``, a retry of a request that made its messages gets
-    those (``_replay``) and no plan."""
+    those (``_replayed``) and no plan."""
     events: list[dict[str, Any]] = []
     with transaction.atomic():
         if conversation_id is None:
@@ -373,9 +383,14 @@ def _create_exchange(
             statements.lock_user(user.pk)
         else:
             conversation = conversation_for(user, conversation_id, lock=True)
-        # Under the lock, so that a retry racing its request finds what that one made.
-        if key is not None and (earlier_request := _replay(key, conversation_id, asked)):
-            return earlier_request
+        if (first := _earlier_request(key)) is not None:
+            made = first[1]
+            fits = (
+                made.role == asked.role
+                and made.content == asked.content
+                and (conversation_id is None or str(made.conversation_id) == str(conversation_id))
+            )
+            return _replayed(*first, fits)
         if conversation_id is None:
             conversation = Conversation(owner_id=user.pk)
             statements.insert([conversation])
@@ -585,17 +600,27 @@ def create_exchange(
         runtime.engine.model,
         key,
     )
+    return _exchange(_made_once(create, key))
+
+
+def _made_once(create: Callable[[], Created], key: IdempotencyKey | None) -> Created:
+    """``create()``, tried again when its key collided: requests with one key are ordered
+    by the lock they take (a conversation's, its owner's, the message they start from),
+    so only a key sent at once with requests that take different locks collides, and the
+    second attempt finds the first request's messages and says why the key does not fit."""
     try:
-        user_message, assistant, plan, siblings = create()
+        return create()
     except IntegrityError:
-        # Only a key sent at once to two conversations collides (posts to one are
-        # ordered by its lock, new conversations by their owner's): the second attempt
-        # finds the first request's messages and says why the key does not fit.
         if key is None:
             raise
-        user_message, assistant, plan, siblings = create()
-    generation = runtime.launch_threadsafe(plan) if plan is not None else None
-    return Exchange(user_message, assistant, generation, siblings)
+        return create()
+
+
+def _exchange(created: Created) -> Exchange:
+    """The exchange of what a create made, its answer started (none for a retry)."""
+    question, answer, plan, siblings = created
+    generation = get_runtime().launch_threadsafe(plan) if plan is not None else None
+    return Exchange(question, answer, generation, siblings)
 
 
 async def post_message(
@@ -733,30 +758,44 @@ def check_regeneration(user: Any, message_id: Any, raw_params: Any = None) -> No
 
 
 def _create_regeneration(
-    user: Any, message_id: Any, raw_params: Any
-) -> tuple[Message, SegmentPlan, dict[str, list[str]]]:
+    user: Any, message_id: Any, raw_params: Any, key: IdempotencyKey | None
+) -> Created:
     with transaction.atomic():
         old = message_for(user, message_id, lock=True)
         model, params = _regeneration_params(old, raw_params)
+        if (first := _earlier_request(key)) is not None:
+            made = first[1]
+            fits = made.role == Message.Role.ASSISTANT and made.parent_id == old.parent_id
+            return _replayed(*first, fits)
         _refuse_streaming_branch(old, "regenerate it")
         conversation = old.conversation
         _check_capacity(user)
         tree = History(conversation.id)
         prompt = tree.path(old.parent_id)
         _refuse_streaming_path(prompt)
-        assistant, plan = _start_answer(user, conversation, prompt, params, model, None)
+        assistant, plan = _start_answer(user, conversation, prompt, params, model, None, key=key)
         _notify(user.pk, _created(None, assistant))
         siblings = {str(assistant.id): [*tree.children(old.parent_id), str(assistant.id)]}
-    return assistant, plan, siblings
+    return None, assistant, plan, siblings
 
 
-def regenerate(user: Any, message_id: Any, raw_params: Any = None) -> Exchange:
+def regenerate(
+    user: Any,
+    message_id: Any,
+    raw_params: Any = None,
+    *,
+    idempotency_key: Any = None,
+    idempotency_field: str = IDEMPOTENCY_HEADER,
+) -> Exchange:
     """A new answer beside an answer (a sibling: same question), streaming, made the
     conversation's current branch. ``raw_params``: its parameters (default: the old
-    answer's). ``Conflict`` while the old answer streams (see ``stop_branch``)."""
+    answer's). ``Conflict`` while the old answer streams (see ``stop_branch``).
+    ``idempotency_key`` as for ``create_exchange``: a retry gets the answer the first
+    regeneration made."""
     _accepting()
-    assistant, plan, siblings = _create_regeneration(user, message_id, raw_params)
-    return Exchange(None, assistant, get_runtime().launch_threadsafe(plan), siblings)
+    key = IdempotencyKey.of(user, idempotency_key, idempotency_field)
+    create = functools.partial(_create_regeneration, user, message_id, raw_params, key)
+    return _exchange(_made_once(create, key))
 
 
 def _edit_params(old: Message, raw_params: Any, model: str) -> tuple[str, dict[str, Any]]:
@@ -787,11 +826,25 @@ def check_edit(
 
 
 def _create_edit(
-    user: Any, message_id: Any, content: str, raw_params: Any, model: str
-) -> tuple[Message, Message, SegmentPlan, dict[str, list[str]]]:
+    user: Any,
+    message_id: Any,
+    content: str,
+    raw_params: Any,
+    model: str,
+    key: IdempotencyKey | None,
+) -> Created:
     with transaction.atomic():
         old = message_for(user, message_id, lock=True)
         model, params = _edit_params(old, raw_params, model)
+        if (first := _earlier_request(key)) is not None:
+            made = first[1]
+            fits = (
+                made.role == Message.Role.USER
+                and made.conversation_id == old.conversation_id
+                and made.parent_id == old.parent_id
+                and made.content == content
+            )
+            return _replayed(*first, fits)
         _refuse_streaming_branch(old, "edit it")
         _check_capacity(user)
         conversation = old.conversation
@@ -799,6 +852,7 @@ def _create_edit(
         prompt = tree.path(old.parent_id)
         _refuse_streaming_path(prompt)
         question = _ask(conversation, old.parent_id, content)
+        question.idempotency_key = key.stored if key is not None else None
         assistant, plan = _start_answer(
             user,
             conversation,
@@ -817,26 +871,35 @@ def _create_edit(
 
 
 def edit(
-    user: Any, message_id: Any, content: Any, raw_params: Any = None, model: Any = ""
+    user: Any,
+    message_id: Any,
+    content: Any,
+    raw_params: Any = None,
+    model: Any = "",
+    *,
+    idempotency_key: Any = None,
+    idempotency_field: str = IDEMPOTENCY_HEADER,
 ) -> Exchange:
     """A new question beside a question (a sibling) and its streaming answer, made the
     conversation's current branch; the old question and everything below it stay.
-    ``model``: the model that answers (checked; by default the conversation's)."""
+    ``model``: the model that answers (checked; by default the conversation's).
+    ``idempotency_key`` as for ``create_exchange``."""
     _accepting()
     content, model = _edit_request(content, raw_params, model)
-    question, assistant, plan, siblings = _create_edit(user, message_id, content, raw_params, model)
-    return Exchange(question, assistant, get_runtime().launch_threadsafe(plan), siblings)
+    key = IdempotencyKey.of(user, idempotency_key, idempotency_field)
+    create = functools.partial(_create_edit, user, message_id, content, raw_params, model, key)
+    return _exchange(_made_once(create, key))
 
 
 async def regenerate_message(
-    user: Any, message_id: Any, raw_params: Any = None, *, stop: bool = False
+    user: Any, message_id: Any, raw_params: Any = None, *, stop: bool = False, **keyed: Any
 ) -> Exchange:
     """``regenerate`` for async callers; ``stop``: stop the old answer first, once the
-    request is known not to be refused."""
+    request is known not to be refused. ``keyed``: ``regenerate``'s idempotency key."""
     if stop:
         await database.run(check_regeneration, user, message_id, raw_params)
         await stop_branch(user, message_id)
-    return await database.run(regenerate, user, message_id, raw_params)
+    return await database.run(functools.partial(regenerate, user, message_id, raw_params, **keyed))
 
 
 async def edit_message(
@@ -847,13 +910,16 @@ async def edit_message(
     *,
     model: Any = "",
     stop: bool = False,
+    **keyed: Any,
 ) -> Exchange:
     """``edit`` for async callers; ``stop``: stop the branch below the question first,
-    once the request is known not to be refused."""
+    once the request is known not to be refused. ``keyed``: ``edit``'s idempotency key."""
     if stop:
         await database.run(check_edit, user, message_id, content, raw_params, model)
         await stop_branch(user, message_id)
-    return await database.run(edit, user, message_id, content, raw_params, model)
+    return await database.run(
+        functools.partial(edit, user, message_id, content, raw_params, model, **keyed)
+    )
 
 
 def _streaming_below(user: Any, message_id: Any) -> list[str]:

@@ -52,26 +52,25 @@ WAIT = OpenApiParameter("wait", bool, description="block until the answer ends")
 TREE = OpenApiParameter(
     "tree", bool, description="every message of every branch (with `parent_id`), oldest first"
 )
+REUSED = {
+    422: OpenApiResponse(
+        ErrorSerializer, description="the `Idempotency-Key` was sent with another request"
+    )
+}
 STARTED = {
     **ERRORS,
     409: OpenApiResponse(ErrorSerializer, description="that branch is still streaming"),
+    **REUSED,
     429: OpenApiResponse(ErrorSerializer, description="too many answers streaming"),
 }
-POST_RESPONSES = {
-    201: ExchangeSerializer,
-    **ERRORS,
-    422: OpenApiResponse(
-        ErrorSerializer, description="the `Idempotency-Key` was sent with another message"
-    ),
-    429: STARTED[429],
-}
+POST_RESPONSES = {201: ExchangeSerializer, **ERRORS, **REUSED, 429: STARTED[429]}
 IDEMPOTENCY_KEY = OpenApiParameter(
     IDEMPOTENCY_HEADER,
     str,
     OpenApiParameter.HEADER,
     description="a key of the client's (1 to 255 printable ASCII characters), new for each "
-    "message: a retry with the same key and body gets the messages the first request made "
-    "(`Idempotent-Replayed: true`) instead of new ones",
+    "request: a retry with the same key and body gets what the first request made "
+    "(`Idempotent-Replayed: true`) instead of making it again",
 )
 
 
@@ -249,9 +248,13 @@ def _post_message(request: Request, conversation_id: Any) -> Response:
         body.validated_data["content"],
         body.validated_data.get("params"),
         model=body.validated_data.get("model", ""),
-        idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
+        idempotency_key=_idempotency_key(request),
     )
     return _started(request, exchange, wait, with_question=True)
+
+
+def _idempotency_key(request: Request) -> str | None:
+    return request.headers.get(IDEMPOTENCY_HEADER)
 
 
 class NewConversationMessages(JSONView):
@@ -312,7 +315,7 @@ class MessageRegenerate(JSONView):
     @extend_schema(
         request=RegenerateSerializer,
         responses={201: RegenerationSerializer, **STARTED},
-        parameters=[WAIT],
+        parameters=[WAIT, IDEMPOTENCY_KEY],
     )
     def post(self, request: Request, message_id: Any) -> Response:
         """A new answer beside this one (same question), streaming; it becomes the branch
@@ -324,7 +327,9 @@ class MessageRegenerate(JSONView):
         if body.validated_data["stop"]:
             services.check_regeneration(request.user, message_id, raw_params)
             services.call(services.stop_branch, request.user, message_id)
-        exchange = services.regenerate(request.user, message_id, raw_params)
+        exchange = services.regenerate(
+            request.user, message_id, raw_params, idempotency_key=_idempotency_key(request)
+        )
         return _started(request, exchange, wait, with_question=False)
 
 
@@ -332,7 +337,7 @@ class MessageEdit(JSONView):
     @extend_schema(
         request=EditSerializer,
         responses={201: ExchangeSerializer, **STARTED},
-        parameters=[WAIT],
+        parameters=[WAIT, IDEMPOTENCY_KEY],
     )
     def post(self, request: Request, message_id: Any) -> Response:
         """A new question beside this one, and its streaming answer; they become the branch
@@ -345,5 +350,5 @@ class MessageEdit(JSONView):
         if data["stop"]:
             services.check_edit(*edit)
             services.call(services.stop_branch, request.user, message_id)
-        exchange = services.edit(*edit)
+        exchange = services.edit(*edit, idempotency_key=_idempotency_key(request))
         return _started(request, exchange, wait, with_question=True)

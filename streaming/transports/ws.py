@@ -369,8 +369,7 @@ class ChatConsumer(LoopWebsocketConsumer):
             frame.get("content"),
             frame.get("params"),
             model="" if model is None else model,
-            idempotency_key=frame.get("idempotency_key"),
-            idempotency_field="idempotency_key",
+            **_keyed(frame),
         )
         await self._started(frame, exchange, subscribe)
 
@@ -378,7 +377,9 @@ class ChatConsumer(LoopWebsocketConsumer):
         message_id = self._message_id(frame)
         subscribe = self._flag(frame, "subscribe", True)
         stop = self._flag(frame, "stop", False)
-        exchange = await regenerate_message(self.user, message_id, frame.get("params"), stop=stop)
+        exchange = await regenerate_message(
+            self.user, message_id, frame.get("params"), stop=stop, **_keyed(frame)
+        )
         await self._started(frame, exchange, subscribe)
 
     async def on_edit(self, frame: dict[str, Any]) -> None:
@@ -392,6 +393,7 @@ class ChatConsumer(LoopWebsocketConsumer):
             frame.get("params"),
             model=frame.get("model"),
             stop=stop,
+            **_keyed(frame),
         )
         await self._started(frame, exchange, subscribe)
 
@@ -600,6 +602,11 @@ class ChatConsumer(LoopWebsocketConsumer):
     async def _send_json(self, payload: dict[str, Any]) -> None:
         self.last_sent = time.monotonic()
         await self.send(text_data=events.encode(payload).decode())
+
+
+def _keyed(frame: dict[str, Any]) -> dict[str, Any]:
+    """A frame's ``idempotency_key``, for the services that take one (checked there)."""
+    return {"idempotency_key": frame.get("idempotency_key"), "idempotency_field": "idempotency_key"}
 
 
 def _ref_of(frame: dict[str, Any]) -> Any:

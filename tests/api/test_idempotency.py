@@ -1,7 +1,7 @@
-"""A post that did not answer can be sent again: with the same ``Idempotency-Key``, a
-retry gets the messages the first request made (``Idempotent-Replayed: true``) and
-starts nothing, on REST, the one-step stream and the WebSocket alike; a key sent with
-another message is refused naming it (docs/api.md)."""
+"""A post, regenerate or edit that did not answer can be sent again: with the same
+``Idempotency-Key``, a retry gets the messages the first request made
+(``Idempotent-Replayed: true``) and starts nothing, on REST, the one-step stream and the
+WebSocket alike; a key sent with another request is refused naming it (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -99,6 +99,39 @@ def test_keys_are_each_users_own(daphne, account, other_account) -> None:
         second = send(theirs, "/api/messages/", "shared")
         assert REPLAYED not in second.headers
         assert set(ids(first)).isdisjoint(ids(second))
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_a_retried_regenerate_or_edit_makes_one_version(daphne, account, stop: bool) -> None:
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        _, question, answer = ids(send(api, f"/api/conversations/{conversation}/messages/", None))
+        api.post(f"/api/messages/{answer}/cancel/")
+        regenerate = f"/api/messages/{answer}/regenerate/"
+        body = {"params": SLOW, "stop": stop}
+        made = [api.post(regenerate, json=body, headers={KEY: "again"}) for _ in range(2)]
+        assert [m.status_code for m in made] == [201, 201], [m.text for m in made]
+        assert REPLAYED not in made[0].headers and made[1].headers[REPLAYED] == "true"
+        regenerated = made[0].json()["message"]["id"]
+        assert made[1].json()["message"]["id"] == regenerated
+        assert made[1].json()["message"]["siblings"] == [answer, regenerated]
+        api.post(f"/api/messages/{regenerated}/cancel/")
+
+        edit = f"/api/messages/{question}/edit/"
+        body = {"content": "hello again", "params": SLOW, "stop": stop}
+        edited = [api.post(edit, json=body, headers={KEY: "edited"}) for _ in range(2)]
+        assert [ids(e) for e in edited[1:]] == [ids(edited[0])]
+        assert edited[1].headers[REPLAYED] == "true"
+        assert messages_in(api, conversation) == 5  # 2 + a regenerated answer + 2
+        # The keys name those requests: another target or other content is refused.
+        for url, other, key in (
+            (f"/api/messages/{ids(edited[0])[2]}/regenerate/", {"stop": True}, "again"),
+            (edit, {"content": "something else", "stop": True}, "edited"),
+            (edit, {"content": "hello again", "stop": True}, "again"),  # a regenerate's
+        ):
+            assert_error(api.post(url, json=other, headers={KEY: key}), 422, field=KEY)
+        assert messages_in(api, conversation) == 5
 
 
 @pytest.mark.parametrize(
@@ -203,5 +236,18 @@ async def test_a_websocket_create_takes_a_key_too(daphne, account) -> None:
         await ws.send(json.dumps({**frame, "content": "else"}))
         reused = await next_reply(ws)
         assert (reused["code"], reused["field"]) == ("idempotency_key_reused", "idempotency_key")
+        again = {
+            "type": "message.regenerate",
+            "message_id": first["message_id"],
+            "stop": True,
+            "subscribe": False,
+            "idempotency_key": "ws-2",
+        }
+        regenerated = []
+        for _ in range(2):
+            await ws.send(json.dumps(again))
+            regenerated.append(await next_reply(ws))
+        assert regenerated[0]["message_id"] == regenerated[1]["message_id"], regenerated
+        assert regenerated[1]["replayed"] is True
     with client(server, account.token) as api:
-        assert messages_in(api, conversation) == 2
+        assert messages_in(api, conversation) == 3

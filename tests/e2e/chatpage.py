@@ -108,10 +108,12 @@ class ChatPage:
 
     def message(self, message_id: str) -> dict[str, Any]:
         """The message as the server has it (``GET /api/messages/<id>/``)."""
+        return self.api_get(f"/api/messages/{message_id}/")
+
+    def api_get(self, path: str) -> dict[str, Any]:
+        """What the server answers the page's user at ``path`` (a 200's JSON)."""
         response = httpx.get(
-            f"{self.api_url}/api/messages/{message_id}/",
-            headers={"Authorization": f"Token {self.token}"},
-            timeout=10,
+            f"{self.api_url}{path}", headers={"Authorization": f"Token {self.token}"}, timeout=10
         )
         assert response.status_code == 200, response.text
         return response.json()

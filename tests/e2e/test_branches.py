@@ -19,6 +19,16 @@ def finished(bubble) -> None:
     expect(bubble).not_to_have_attribute("data-status", "streaming")
 
 
+def edit_last_question(page, text: str):
+    """Edit the last question to ``text`` and send it; the new question's bubble."""
+    page.locator("article.message.user").last.get_by_role(
+        "button", name="Edit this message"
+    ).click()
+    page.get_by_label("Edit your message").fill(text)
+    page.get_by_role("button", name="Save and Send").click()
+    return page.locator("article.message.user").last
+
+
 def test_regenerate_step_through_versions_edit_and_reload(open_chat) -> None:
     chat = open_chat()
     page = chat.page
@@ -41,11 +51,7 @@ def test_regenerate_step_through_versions_edit_and_reload(open_chat) -> None:
     expect(answers.last).to_have_attribute("data-message-id", ids[0])
     expect(answers.last.get_by_role("button", name="Previous version")).to_be_disabled()
 
-    question = page.locator("article.message.user").last
-    question.get_by_role("button", name="Edit this message").click()
-    page.get_by_label("Edit your message").fill("Tell me about lakes")
-    page.get_by_role("button", name="Save and Send").click()
-    question = page.locator("article.message.user").last
+    question = edit_last_question(page, "Tell me about lakes")
     expect(question.locator(".version-count")).to_have_text("2 / 2")
     expect(question.locator(".bubble")).to_have_text("Tell me about lakes")
     finished(answers.last)
@@ -176,3 +182,38 @@ def test_the_edit_box_is_as_wide_as_an_answer(open_chat) -> None:
     lines = box.evaluate("n => n.clientHeight / parseFloat(getComputedStyle(n).lineHeight)")
     assert lines >= 3, lines
     chat.screenshot("edit-in-place")
+
+
+def test_a_regenerate_and_an_edit_whose_answers_were_lost_make_one_version_each(
+    open_chat,
+) -> None:
+    """Each request reaches the server, which makes the version, but its answer never
+    reaches the page: the page sends it again with the same key and gets that version."""
+    chat = open_chat()
+    page = chat.page
+    first = chat.ask("Tell me about rivers", **QUICK)
+    finished(first)
+    keys: list[str | None] = []
+
+    def lose_each_first_answer(route):
+        keys.append(route.request.headers.get("idempotency-key"))
+        if len(keys) % 2:
+            route.fetch()  # made on the server; the page never hears of it
+            route.abort()
+        else:
+            route.continue_()
+
+    page.route(re.compile(r".*/api/messages/[^/]+/(regenerate|edit)/$"), lose_each_first_answer)
+    answers = page.locator("article.message.assistant")
+    answers.last.get_by_role("button", name="Regenerate this answer").click()
+    expect(answers.last.locator(".version-count")).to_have_text("2 / 2")
+    finished(answers.last)
+    question = edit_last_question(page, "Tell me about lakes")
+    expect(question.locator(".version-count")).to_have_text("2 / 2")
+    finished(answers.last)
+    assert len(keys) == 4 and keys[0] == keys[1] and keys[2] == keys[3], keys
+    assert keys[0] != keys[2]
+    expect(page.locator("#notice")).to_be_hidden()
+    conversation = page.url.rsplit("/", 1)[-1]
+    tree = chat.api_get(f"/api/conversations/{conversation}/messages/?tree=true")
+    assert tree["count"] == 5  # the question, two answers, the edit and its answer

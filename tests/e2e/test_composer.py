@@ -4,7 +4,6 @@ an answer streams."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from playwright.sync_api import expect
 
@@ -13,17 +12,8 @@ pytestmark = pytest.mark.e2e
 PHONE = {"width": 390, "height": 844}
 
 
-def api_get(chat, path: str) -> dict:
-    """What the server says at ``path``, to the page's user."""
-    response = httpx.get(
-        f"{chat.api_url}{path}", headers={"Authorization": f"Token {chat.token}"}, timeout=10
-    )
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
 def listed_conversations(chat) -> list[dict]:
-    return api_get(chat, "/api/conversations/")["results"]
+    return chat.api_get("/api/conversations/")["results"]
 
 
 def test_the_skip_link_keeps_the_open_conversation(open_chat):
@@ -215,7 +205,7 @@ def test_send_becomes_stop_while_the_answer_streams_and_back_when_it_ends(open_c
 
 
 def _messages_of(chat, conversation: str) -> int:
-    return api_get(chat, f"/api/conversations/{conversation}/messages/?tree=true")["count"]
+    return chat.api_get(f"/api/conversations/{conversation}/messages/?tree=true")["count"]
 
 
 def test_a_send_whose_answer_was_lost_is_sent_again_and_made_once(open_chat):

@@ -121,7 +121,7 @@ export function unanswered(error) {
 }
 
 /**
- * A POST that starts a message's answer: `{created, connection}`; with `stream`, the
+ * A POST that starts an answer: `{created, connection}`; with `stream`, the
  * answer comes back in the same request (`startStreaming`), else `connection` is null and
  * the answer is read over the transport. Sent with `key` as its `Idempotency-Key`, and
  * sent again with it while it gets no answer: a retry gets what the first post made, so
@@ -153,8 +153,15 @@ export const messages = {
   /** A new version of an answer, or of a question with its answer. `stop`: an answer of
    * the branch being replaced that is still streaming is stopped first, as people expect
    * of a Regenerate or an Edit (without it the server refuses, 409). */
-  regenerate: (id) => request("POST", `/api/messages/${id}/regenerate/`, { stop: true }),
-  edit: (id, content, params) => request("POST", `/api/messages/${id}/edit/`, { content, params, stop: true }),
+  // Each with a key of its own, so a retry of one that got no answer makes one version.
+  regenerate: (id) =>
+    starting(`/api/messages/${id}/regenerate/`, { stop: true }, false, idempotencyKey()).then(
+      ({ created }) => created,
+    ),
+  edit: (id, content, params) =>
+    starting(`/api/messages/${id}/edit/`, { content, params, stop: true }, false, idempotencyKey()).then(
+      ({ created }) => created,
+    ),
 };
 
 export async function readiness() {
