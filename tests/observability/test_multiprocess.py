@@ -44,14 +44,11 @@ async def read_deltas(stream: Any, events: list[dict[str, Any]], count: int) -> 
             return
 
 
-async def test_metrics_of_either_process_show_both(daphne, account, tmp_path: Path):
+async def test_metrics_of_either_process_show_both(two_processes, account, tmp_path: Path):
     shared = str(tmp_path / "prometheus")
-    a = daphne("metrics-a", PROMETHEUS_MULTIPROC_DIR=shared, **QUIET_REAPER)
-    b = daphne("metrics-b", PROMETHEUS_MULTIPROC_DIR=shared, **QUIET_REAPER)
-    async with (
-        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
-        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
-    ):
+    async with two_processes(
+        "metrics-a", "metrics-b", PROMETHEUS_MULTIPROC_DIR=shared, **QUIET_REAPER
+    ) as (a, b, ca, cb):
         before = await scrape(ca)
         await complete_one(a.url, account.token)
         await complete_one(b.url, account.token)
