@@ -292,10 +292,9 @@ def _ask(
 
 @dataclass(frozen=True, slots=True)
 class IdempotencyKey:
-    """A client's ``Idempotency-Key`` for a post, and the name the client gave it (the
-    header's, or a frame's field), for the errors about it."""
+    """A client's ``Idempotency-Key`` for a post, a regenerate or an edit, and the name
+    the client gave it (the header's, or a frame's field), for the errors about it."""
 
-    key: str
     stored: str  # as ``Message.idempotency_key`` holds it: unique per user
     field: str
 
@@ -315,7 +314,7 @@ class IdempotencyKey:
             raise InvalidParams(
                 f"must be 1 to {cls.MAX_CHARS} printable ASCII characters", field=field
             )
-        return cls(value, f"{user.pk}:{value}", field)
+        return cls(f"{user.pk}:{value}", field)
 
 
 Created = tuple[Message | None, Message, SegmentPlan | None, dict[str, list[str]]]
