@@ -17,6 +17,7 @@ import json
 import multiprocessing
 import random
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,8 @@ class StreamPlan:
     # came over, as the chat page keeps its WebSocket and a browser (or the OpenAI SDK) its
     # HTTP/1.1 connection; False: a new connection per answer.
     keep: bool = False
+    # Each message post over SSE carries an ``Idempotency-Key`` of its own.
+    keyed: bool = False
 
 
 @dataclass(slots=True)
@@ -204,13 +207,13 @@ async def _sse(plan: StreamPlan, result: StreamResult, held: Held) -> None:
             head = await _stream_head(http)
         else:
             body = json.dumps({"content": plan.content, "params": _params(plan)}).encode()
+            posting = {**headers, "Content-Type": "application/json"}
+            if plan.keyed:
+                posting["Idempotency-Key"] = uuid.uuid4().hex
             async with _Creating():
                 result.sent_at = time.time()
                 http.send(
-                    "POST",
-                    f"/api/conversations/{plan.conversation}/messages/",
-                    {**headers, "Content-Type": "application/json"},
-                    body,
+                    "POST", f"/api/conversations/{plan.conversation}/messages/", posting, body
                 )
                 head = await _stream_head(http)
         if head is None:

@@ -75,6 +75,8 @@ class Options:
     ttft_seconds: float = 10.0
     ttft_ms: float = 50.0
     creates_in_flight: int = 0  # > 0: bound message creations awaiting their answer
+    # 1: every message post over SSE carries an ``Idempotency-Key``, as the chat page's do.
+    idempotency_keys: int = 0
     profile: str = ""  # a directory: record py-spy flame graphs of our servers there
     log_dir: Path = Path("var/bench/logs")
     env: dict[str, str] = field(default_factory=dict)
@@ -89,6 +91,8 @@ class Side:
     ports: list[int]
     # (API token, conversation id) of each simulated user; empty for the baseline.
     accounts: list[tuple[str, str]] = field(default_factory=list)
+    # Whether its message posts carry an ``Idempotency-Key`` (``Options.idempotency_keys``).
+    keyed: bool = False
 
     def port(self, i: int) -> int:
         return self.ports[i % len(self.ports)]
@@ -116,6 +120,7 @@ def start_ours(options: Options, tag: str, streams: int, **extra: str) -> Side:
             servers.profile(p, Path(options.profile))
     side = Side("ours", servers.Cluster(procs), [p.port for p in procs])
     side.accounts = database.accounts(streams)
+    side.keyed = bool(options.idempotency_keys)
     return side
 
 
@@ -164,6 +169,7 @@ def plans_for(
                 deadline=at + budget,
                 hold_until=start + ramp + hold,
                 rcvbuf=rcvbuf,
+                keyed=side.keyed,
             )
         )
     return plans

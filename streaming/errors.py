@@ -18,6 +18,7 @@ AUTHENTICATE = 'Token realm="api"'
 # A post's key for retries (the IETF draft's name and Stripe's), and the header that says
 # an answer is the one a first request with that key got.
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_META = "HTTP_IDEMPOTENCY_KEY"  # as Django's request.META holds it
 REPLAYED_HEADER = "Idempotent-Replayed"
 
 

@@ -327,7 +327,7 @@ def _earlier_request(key: IdempotencyKey | None) -> tuple[IdempotencyKey, Messag
     finds what a first request committed."""
     if key is None:
         return None
-    made = Message.objects.filter(idempotency_key=key.stored).first()
+    made = statements.keyed_message(key.stored)
     return (key, made) if made is not None else None
 
 

@@ -336,3 +336,18 @@ def messages_of(conversation_id: Any) -> list[Message]:
     key = _field(Conversation, "pk")
     params = [key.get_db_prep_value(conversation_id, connection)]
     return _messages(alias).fetch(params)
+
+
+@functools.cache
+def _keyed(alias: str) -> Reader[Message]:
+    connection = connections[alias]
+    key = _column(connection, Message, "idempotency_key")
+    return Reader(Message, alias, f"SELECT * FROM {_table(connection, Message)} WHERE {key} = %s")
+
+
+def keyed_message(stored_key: str) -> Message | None:
+    """The message stored with this idempotency key (``Message.idempotency_key``: unique,
+    and only keyed rows are in its index), or None."""
+    alias, _ = _connection(Message)
+    rows = _keyed(alias).fetch([stored_key])
+    return rows[0] if rows else None

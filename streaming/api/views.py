@@ -36,7 +36,7 @@ from streaming.api.serializers import (
     RegenerateSerializer,
     RegenerationSerializer,
 )
-from streaming.errors import IDEMPOTENCY_HEADER, REPLAYED_HEADER, InvalidParams
+from streaming.errors import IDEMPOTENCY_HEADER, IDEMPOTENCY_META, REPLAYED_HEADER, InvalidParams
 from streaming.jsonbody import body_limit, declared_length, too_large_detail
 from streaming.models import Conversation, Message
 from streaming.storable import UNSTORABLE, is_storable
@@ -254,7 +254,8 @@ def _post_message(request: Request, conversation_id: Any) -> Response:
 
 
 def _idempotency_key(request: Request) -> str | None:
-    return request.headers.get(IDEMPOTENCY_HEADER)
+    """The header as the lean post reads it (``request.META``), one value for both."""
+    return request.META.get(IDEMPOTENCY_META)
 
 
 class NewConversationMessages(JSONView):

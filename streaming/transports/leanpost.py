@@ -56,7 +56,7 @@ from django.middleware.security import SecurityMiddleware
 
 from streaming import database, representation, services
 from streaming.auth import cached_user, header, resolve_user, token_from_header
-from streaming.errors import IDEMPOTENCY_HEADER, REPLAYED_HEADER, ServiceError
+from streaming.errors import IDEMPOTENCY_META, REPLAYED_HEADER, ServiceError
 from streaming.jsonbody import InvalidBody, body_limit, decode_json_body, media_type
 from streaming.models import Message
 from streaming.reading import MessageState
@@ -270,7 +270,7 @@ def _create(
             post["content"],
             post["params"],
             model=post["model"],
-            idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
+            idempotency_key=request.META.get(IDEMPOTENCY_META),
         )
     except (ServiceError, DBError):
         # Any refusal or database error (Django's InterfaceError is not a DatabaseError):
