@@ -33,7 +33,7 @@ from chatsite.routing import (  # noqa: E402
     websocket_urlpatterns,
 )
 from streaming.runtime import get_runtime  # noqa: E402
-from streaming.transports import daphne, ws  # noqa: E402
+from streaming.transports import daphne, held, ws  # noqa: E402
 from streaming.transports.failsafe import EndsStartedResponses  # noqa: E402
 from streaming.transports.onestep import OneStepAnswers  # noqa: E402
 from streaming.transports.wsauth import WebSocketAuthMiddleware  # noqa: E402
@@ -55,8 +55,10 @@ daphne.install_close_codes()
 daphne.install_application_queues()
 # After the SIGTERM drain, every WebSocket is closed with 1001, then the server stops.
 get_runtime().lifecycle.on_drained.append(ws.close_sockets)
-# A user's revoked tokens (or a changed user) have their open WebSockets checked again.
+# A user's revoked tokens (or a changed user) have their open WebSockets and HTTP
+# streams checked again.
 get_runtime().on_revoked.append(ws.sockets.revoked)
+get_runtime().on_revoked.append(held.streams.revoked)
 get_runtime().lifecycle.on_stopped.append(daphne.stop_server)
 
 

@@ -47,6 +47,7 @@ from streaming.reading import MessageState, SlowConsumer, Subscription
 from streaming.termination import Status
 from streaming.transports import eventstream
 from streaming.transports.daphne import SendBuffer
+from streaming.transports.held import streams
 from streaming.transports.hosts import REFUSED, allowed_host
 from streaming.transports.tasked import TaskedHttpConsumer
 
@@ -199,14 +200,28 @@ class ChatCompletionsConsumer(OpenAIConsumer):
                     chunks = ChunkStream(
                         completion_id, request.model, created, request.include_usage
                     )
-                    await self.stream(subscription, chunks, ids)
+                    answering = self.stream(subscription, chunks, ids)
                 else:
-                    await self.complete(subscription, completion_id, request.model, created, ids)
+                    answering = self.complete(
+                        subscription, completion_id, request.model, created, ids
+                    )
+                if not await streams.run(self.scope, user.pk, answering):
+                    await self.revoked()
             finally:
                 if subscription.ended_status is None:
                     # Gone before the end (or never attached as a reader): nobody will read
                     # this answer, so stop paying for it.
                     await services.stop_answers([message_id], reason=Status.ABANDONED, wait=0)
+
+    async def revoked(self) -> None:
+        """The caller's credentials were revoked while the answer was produced: a stream
+        is ended where it is (its client sees no ``[DONE]``), a whole answer not yet sent
+        is refused as the request would be now."""
+        if self.replied:
+            await self.send_body(b"", more_body=False)
+            return
+        challenge = [(b"www-authenticate", b'Bearer realm="api"')]
+        await self.error(401, "not_authenticated", UNAUTHENTICATED, challenge)
 
     async def post(self, user: Any, request: CompletionRequest) -> services.Exchange:
         """Start the answer in the conversation named by ``X-Conversation-Id`` or in a new

@@ -81,11 +81,12 @@ ACCOUNTED_MIDDLEWARE = tuple(
 @dataclass(slots=True)
 class Created:
     """A started answer: the REST 201's body, the headers Django's middleware would have
-    set on it, and the answer's state for its stream."""
+    set on it, the answer's state for its stream, and whose it is."""
 
     body: dict[str, Any]
     headers: list[tuple[bytes, bytes]]
     state: MessageState
+    user_id: int
 
 
 @cache
@@ -286,7 +287,7 @@ def _create(
     headers = _response_headers(request)
     if exchange.generation is None:
         headers.append((REPLAYED_HEADER.lower().encode(), b"true"))
-    return Created(body, headers, MessageState.of(answer))
+    return Created(body, headers, MessageState.of(answer), user.pk)
 
 
 def _described(

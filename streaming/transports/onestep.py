@@ -39,6 +39,7 @@ from streaming.reading import MessageState
 from streaming.termination import Status
 from streaming.transports import eventstream, leanpost
 from streaming.transports.daphne import SendBuffer, frame_send
+from streaming.transports.held import streams
 from streaming.transports.sse import STREAM_HEADERS, send_events
 
 log = logging.getLogger(__name__)
@@ -109,27 +110,28 @@ class OneStepAnswers:
                 log.exception("one-step post failed")
                 await _server_error(send)
                 return
-            if isinstance(lean, MessageState):
-                await self._stream(lean, receive, send)
+            if isinstance(lean, tuple):
+                await self._stream(*lean, scope, receive, send)
                 return
             receive = lean  # the body read so far, then the rest
         ONE_STEP_POSTS.labels(path="django").inc()
         state = await self._create(scope, receive, send)
         if state is not None:
-            await self._stream(state, receive, send)
+            # Whose answer it is, Django knew; a revocation checks this stream whoever's.
+            await self._stream(state, None, scope, receive, send)
 
     async def _create_lean(
         self, scope: dict[str, Any], receive: Any, send: Any
-    ) -> MessageState | leanpost.Receive:
+    ) -> tuple[MessageState, int] | leanpost.Receive:
         """The lean path's answer: the stream's head and ``created`` event sent and the
-        answer's state returned, or the ``receive`` Django must be called with. As with
-        Django's, nothing of the 201 outlives this call."""
+        answer's state returned with its owner's id, or the ``receive`` Django must be
+        called with. As with Django's, nothing of the 201 outlives this call."""
         created = await leanpost.create(scope, receive)
         if not isinstance(created, leanpost.Created):
             return created
         ONE_STEP_POSTS.labels(path="lean").inc()
         await _open(send, created.body, created.headers)
-        return created.state
+        return created.state, created.user_id
 
     async def _create(self, scope: dict[str, Any], receive: Any, send: Any) -> MessageState | None:
         """Django's answer, sent as it is unless it started an answer: then the stream's
@@ -154,12 +156,20 @@ class OneStepAnswers:
             termination=message.get("termination") or {},
         )
 
-    async def _stream(self, state: MessageState, receive: Any, send: Any) -> None:
-        """The answer's events, written by this task until the answer ends or the client
-        leaves. The client's ``http.disconnect`` is awaited in a second task, which
-        cancels this one when it comes first, as the SSE consumer's disconnect handler
-        cancels its stream: a third task and an ``asyncio.wait`` would be held for as
-        long as the stream lasts. A cancellation from elsewhere (the server's) goes on."""
+    async def _stream(
+        self,
+        state: MessageState,
+        user_id: int | None,
+        scope: dict[str, Any],
+        receive: Any,
+        send: Any,
+    ) -> None:
+        """The answer's events, written by this task until the answer ends, the client
+        leaves or its credentials are revoked (``held``). The client's ``http.disconnect``
+        is awaited in a second task, which cancels this one when it comes first, as the
+        SSE consumer's disconnect handler cancels its stream: a third task and an
+        ``asyncio.wait`` would be held for as long as the stream lasts. A cancellation
+        from elsewhere (the server's) goes on."""
         subscription = selectors.subscription(state, 0, "sse", SendBuffer(send))
         this = asyncio.current_task()
         assert this is not None
@@ -174,7 +184,7 @@ class OneStepAnswers:
         gone = asyncio.create_task(_disconnected(receive))
         gone.add_done_callback(on_disconnect)
         try:
-            await send_events(subscription, frame_send(send))
+            await streams.run(scope, user_id, send_events(subscription, frame_send(send)))
         except asyncio.CancelledError:
             if not left:
                 raise

@@ -27,6 +27,7 @@ from streaming.logcontext import stream_context
 from streaming.reading import PADDING, SlowConsumer, Subscription, has_more, parse_cursor
 from streaming.transports import eventstream
 from streaming.transports.daphne import SendBuffer, frame_send
+from streaming.transports.held import streams
 from streaming.transports.hosts import REFUSED, allowed_host
 from streaming.transports.tasked import TaskedHttpConsumer
 
@@ -104,11 +105,14 @@ class MessageStreamConsumer(TaskedHttpConsumer):
         await self.send_headers(status=200, headers=STREAM_HEADERS)
         await self.send_body(eventstream.retry(streaming_settings.RETRY_MS), more_body=True)
         subscription = selectors.subscription(state, after, "sse", SendBuffer(self.base_send))
-        self.respond_in_task(self.run(subscription))
+        self.respond_in_task(self.run(subscription, user.pk))
         return True
 
-    async def run(self, subscription: Subscription) -> None:
-        await send_events(subscription, frame_send(self.base_send))
+    async def run(self, subscription: Subscription, user_id: int) -> None:
+        """The stream, until its end or its credentials' (``held``): either way the
+        response is finished, so a revoked client's reconnect meets the 401."""
+        events = send_events(subscription, frame_send(self.base_send))
+        await streams.run(self.scope, user_id, events)
         await self.send_body(b"", more_body=False)
 
     async def error(

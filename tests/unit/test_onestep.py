@@ -65,7 +65,8 @@ def stream(client: Client, sent: list[dict[str, Any]]) -> asyncio.Task[None]:
         sent.append(message)
 
     answers = onestep.OneStepAnswers(None)
-    return asyncio.create_task(answers._stream(STATE, client.receive, send))
+    scope = {"type": "http", "headers": []}
+    return asyncio.create_task(answers._stream(STATE, 1, scope, client.receive, send))
 
 
 async def test_an_answer_that_ends_ends_the_body(stand: Stand) -> None:

@@ -1,0 +1,78 @@
+"""Open HTTP streams and their credentials: a stream runs to its end unless a revocation
+of its user finds its credentials gone; any other cancellation goes on as it came."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from streaming.transports import held
+
+pytestmark = pytest.mark.asyncio
+
+
+class User:
+    def __init__(self, pk: int | None) -> None:
+        self.pk = pk
+        self.is_authenticated = pk is not None
+
+
+@pytest.fixture
+def who(monkeypatch: pytest.MonkeyPatch) -> dict[str, int | None]:
+    """Whom each scope's credentials resolve to now (``scope["name"]`` -> pk)."""
+    now: dict[str, int | None] = {}
+
+    async def authenticate(scope: dict[str, Any]) -> User:
+        return User(now.get(scope["name"]))
+
+    monkeypatch.setattr(held, "authenticate", authenticate)
+    return now
+
+
+async def forever(started: asyncio.Event) -> None:
+    started.set()
+    await asyncio.Event().wait()
+
+
+async def until_checked(streams: held.OpenStreams) -> None:
+    while streams.checks:
+        await asyncio.gather(*streams.checks)
+
+
+async def test_a_stream_that_ends_says_so() -> None:
+    streams = held.OpenStreams()
+    assert await streams.run({"name": "a"}, 1, asyncio.sleep(0)) is True
+    assert not streams.held
+
+
+async def test_a_revocation_ends_only_the_streams_it_took_the_credentials_of(who) -> None:
+    streams = held.OpenStreams()
+    who.update(mine=1, other=2, unknown=1)
+    started = {name: asyncio.Event() for name in who}
+    runs = {
+        name: asyncio.create_task(
+            streams.run(
+                {"name": name}, None if name == "unknown" else who[name], forever(started[name])
+            )
+        )
+        for name in who
+    }
+    for event in started.values():
+        await event.wait()
+
+    streams.revoked(1)  # the user's credentials still stand: nothing ends
+    await until_checked(streams)
+    assert not any(run.done() for run in runs.values())
+
+    who.update(mine=None, unknown=None)  # now they are gone
+    streams.revoked(1)
+    await until_checked(streams)
+    assert await runs["mine"] is False
+    assert await runs["unknown"] is False
+    assert not runs["other"].done()
+    runs["other"].cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await runs["other"]  # any other cancellation goes on
+    assert not streams.held
