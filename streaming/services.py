@@ -331,11 +331,14 @@ def _earlier_request(key: IdempotencyKey | None) -> tuple[IdempotencyKey, Messag
     return (key, made) if made is not None else None
 
 
-def _replayed(key: IdempotencyKey, made: Message, fits: bool) -> Created:
+def _replayed(
+    key: IdempotencyKey, made: Message, fits: bool, model: str, params: dict[str, Any]
+) -> Created:
     """What the first request with ``key`` made (``made``, and its answer when ``made``
     is a question) as it is now, and no plan: a retry starts nothing, the answer it
     finds is the one to read. ``IdempotencyKeyReused`` when the retry does not ``fit``
-    that request (another message, elsewhere, or another kind of request)."""
+    that request (another message, elsewhere, another kind of request) or would be
+    answered otherwise (``model`` and ``params``: the retry's, as they were checked)."""
     answer: Message | None = made
     if made.role != Message.Role.ASSISTANT:
         answer = (
@@ -343,6 +346,8 @@ def _replayed(key: IdempotencyKey, made: Message, fits: bool) -> Created:
             .order_by("created_at", "id")
             .first()
         )
+    if answer is None or answer.model != model or answer.params != params:
+        fits = False
     if not fits or answer is None:
         raise IdempotencyKeyReused(
             f"was sent with another request (message {made.id}); a retry repeats its "
@@ -389,7 +394,8 @@ def _create_exchange(
                 and made.content == asked.content
                 and (conversation_id is None or str(made.conversation_id) == str(conversation_id))
             )
-            return _replayed(*first, fits)
+            chosen = model or (conversation.model if conversation_id else "") or default_model
+            return _replayed(*first, fits, chosen, clean_params(raw_params, chosen))
         if conversation_id is None:
             conversation = Conversation(owner_id=user.pk)
             statements.insert([conversation])
@@ -765,7 +771,7 @@ def _create_regeneration(
         if (first := _earlier_request(key)) is not None:
             made = first[1]
             fits = made.role == Message.Role.ASSISTANT and made.parent_id == old.parent_id
-            return _replayed(*first, fits)
+            return _replayed(*first, fits, model, params)
         _refuse_streaming_branch(old, "regenerate it")
         conversation = old.conversation
         _check_capacity(user)
@@ -843,7 +849,7 @@ def _create_edit(
                 and made.parent_id == old.parent_id
                 and made.content == content
             )
-            return _replayed(*first, fits)
+            return _replayed(*first, fits, model, params)
         _refuse_streaming_branch(old, "edit it")
         _check_capacity(user)
         conversation = old.conversation

@@ -83,11 +83,13 @@ def test_a_key_sent_with_another_message_is_refused_naming_it(daphne, account) -
     with client(server, account.token) as api:
         one, two = new_conversation(api), new_conversation(api)
         ids(send(api, f"/api/conversations/{one}/messages/", "used"))
-        for url, content in (
-            (f"/api/conversations/{one}/messages/", "something else"),
-            (f"/api/conversations/{two}/messages/", "hello"),
+        slower = {"simulation": {**QUICK["simulation"], "tokens_per_second": 100}}
+        for url, content, params in (
+            (f"/api/conversations/{one}/messages/", "something else", QUICK),
+            (f"/api/conversations/{two}/messages/", "hello", QUICK),
+            (f"/api/conversations/{one}/messages/", "hello", slower),
         ):
-            refused = send(api, url, "used", content)
+            refused = send(api, url, "used", content, params)
             assert_error(refused, 422, "idempotency_key_reused", KEY)
         assert messages_in(api, one) == 2 and messages_in(api, two) == 0
 
@@ -129,6 +131,7 @@ def test_a_retried_regenerate_or_edit_makes_one_version(daphne, account, stop: b
             (f"/api/messages/{ids(edited[0])[2]}/regenerate/", {"stop": True}, "again"),
             (edit, {"content": "something else", "stop": True}, "edited"),
             (edit, {"content": "hello again", "stop": True}, "again"),  # a regenerate's
+            (regenerate, {"params": QUICK, "stop": True}, "again"),  # other parameters
         ):
             assert_error(api.post(url, json=other, headers={KEY: key}), 422, field=KEY)
         assert messages_in(api, conversation) == 5
