@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from streaming.auth import authenticate
 
 log = logging.getLogger(__name__)
+
+
+def start_check(checks: set[asyncio.Task[Any]], coroutine: Coroutine[Any, Any, Any]) -> None:
+    """Run a credential check as a task held in ``checks`` until it ends (the loop keeps
+    only a weak reference to a task: one nobody holds may be collected mid-way)."""
+    task = asyncio.create_task(coroutine)
+    checks.add(task)
+    task.add_done_callback(checks.discard)
 
 
 @dataclass(eq=False, slots=True)
@@ -38,7 +46,7 @@ class OpenStreams:
     def __init__(self) -> None:
         self.held: set[_Held] = set()
         # Credential checks under way, held until they end.
-        self.checks: set[asyncio.Task[None]] = set()
+        self.checks: set[asyncio.Task[Any]] = set()
 
     async def run(
         self, scope: dict[str, Any], user_id: int | None, stream: Awaitable[None]
@@ -65,9 +73,7 @@ class OpenStreams:
         """``Runtime.on_revoked``: the user's streams check their credentials again."""
         for held in list(self.held):
             if held.user_id is None or held.user_id == user_id:
-                check = asyncio.create_task(self._check(held))
-                self.checks.add(check)
-                check.add_done_callback(self.checks.discard)
+                start_check(self.checks, self._check(held))
 
     async def _check(self, held: _Held) -> None:
         try:

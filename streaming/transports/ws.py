@@ -26,7 +26,6 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Coroutine
 from typing import Any
 
 from streaming import events, selectors
@@ -48,6 +47,7 @@ from streaming.services import (
 from streaming.storable import is_storable
 from streaming.transports.daphne import SendBuffer, frame_send
 from streaming.transports.dispatch import LoopWebsocketConsumer
+from streaming.transports.held import start_check
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class Sockets:
         # Set when the last socket ended, once the shutdown waits for it.
         self.all_gone: asyncio.Event | None = None
         # Credential checks under way (``revoked``), held until they end.
-        self.checks: set[asyncio.Task[None]] = set()
+        self.checks: set[asyncio.Task[Any]] = set()
 
     def revoked(self, user_id: int) -> None:
         """A user's tokens were revoked (``Runtime.on_revoked``): each of their sockets
@@ -96,13 +96,7 @@ class Sockets:
         for consumer in list(self.open):
             user = consumer.user
             if user is None or (user.is_authenticated and user.pk == user_id):
-                self.check(consumer.check_credentials())
-
-    def check(self, coroutine: Coroutine[Any, Any, Any]) -> None:
-        """Run a credential check, held until it ends."""
-        task = asyncio.create_task(coroutine)
-        self.checks.add(task)
-        task.add_done_callback(self.checks.discard)
+                start_check(self.checks, consumer.check_credentials())
 
     def discard(self, consumer: ChatConsumer) -> None:
         self.open.discard(consumer)
@@ -349,7 +343,7 @@ class ChatConsumer(LoopWebsocketConsumer):
 
     def _session_check_due(self) -> None:
         self.session_check = None
-        sockets.check(self._check_session())
+        start_check(sockets.checks, self._check_session())
 
     async def _check_session(self) -> None:
         if await self.check_credentials() and self._by_session() and self in sockets.open:
