@@ -276,15 +276,18 @@ def _ask(
     *,
     role: str = Message.Role.USER,
     tool_call_id: str = "",
+    key: IdempotencyKey | None = None,
 ) -> Message:
     """The message an answer answers: the user's question, or a tool's result (with the
-    call of the model's it answers, in a tool loop). Not stored yet (``_start_answer``)."""
+    call of the model's it answers, in a tool loop); ``key``: the request's, which made
+    it. Not stored yet (``_start_answer``)."""
     question = Message(
         conversation=conversation,
         parent_id=parent_id,
         role=role,
         content=content,
         tool_call_id=tool_call_id,
+        idempotency_key=key.stored if key is not None else None,
     )
     question._prefetched_objects_cache = {"segments": []}  # type: ignore[attr-defined]
     return question
@@ -320,15 +323,11 @@ class IdempotencyKey:
 Created = tuple[Message | None, Message, SegmentPlan | None, dict[str, list[str]]]
 
 
-def _earlier_request(key: IdempotencyKey | None) -> tuple[IdempotencyKey, Message] | None:
+def _earlier_request(key: IdempotencyKey) -> Message | None:
     """The message the request that first sent ``key`` made first (a post's or an
-    edit's question, a regenerated answer), with the key; None without a key or such a
-    request. Called under the lock that orders the requests it could race, so a retry
-    finds what a first request committed."""
-    if key is None:
-        return None
-    made = statements.keyed_message(key.stored)
-    return (key, made) if made is not None else None
+    edit's question, a regenerated answer), or None. Called under the lock that orders
+    the requests it could race, so a retry finds what a first request committed."""
+    return statements.keyed_message(key.stored)
 
 
 def _replayed(
@@ -346,9 +345,7 @@ def _replayed(
             .order_by("created_at", "id")
             .first()
         )
-    if answer is None or answer.model != model or answer.params != params:
-        fits = False
-    if not fits or answer is None:
+    if not fits or answer is None or answer.model != model or answer.params != params:
         raise IdempotencyKeyReused(
             f"was sent with another request (message {made.id}); a retry repeats its "
             "request, and a new request takes a new key",
@@ -387,15 +384,15 @@ def _create_exchange(
             statements.lock_user(user.pk)
         else:
             conversation = conversation_for(user, conversation_id, lock=True)
-        if (first := _earlier_request(key)) is not None:
-            made = first[1]
+        # A new conversation has no model of its own yet.
+        model = model or (conversation.model if conversation_id else "") or default_model
+        if key is not None and (made := _earlier_request(key)) is not None:
             fits = (
                 made.role == asked.role
                 and made.content == asked.content
                 and (conversation_id is None or str(made.conversation_id) == str(conversation_id))
             )
-            chosen = model or (conversation.model if conversation_id else "") or default_model
-            return _replayed(*first, fits, chosen, clean_params(raw_params, chosen))
+            return _replayed(key, made, fits, model, clean_params(raw_params, model))
         if conversation_id is None:
             conversation = Conversation(owner_id=user.pk)
             statements.insert([conversation])
@@ -403,7 +400,6 @@ def _create_exchange(
                 _event("conversation.created", conversation=str(conversation.id), title="")
             )
         _check_capacity(user)
-        model = model or conversation.model or default_model
         params = clean_params(raw_params, model)
         # After the branch shown; the conversation's lock orders concurrent posts.
         parent_id = conversation.current_leaf_id
@@ -430,9 +426,13 @@ def _create_exchange(
             )
             parent_id = earlier[-1].id
         user_message = _ask(
-            conversation, parent_id, content, role=asked.role, tool_call_id=asked.tool_call_id
+            conversation,
+            parent_id,
+            content,
+            role=asked.role,
+            tool_call_id=asked.tool_call_id,
+            key=key,
         )
-        user_message.idempotency_key = key.stored if key is not None else None
         if not conversation.title:
             conversation.title = _title_from(history, [*prior, asked])
             conversation.title_source = Conversation.TitleSource.QUESTION
@@ -768,10 +768,9 @@ def _create_regeneration(
     with transaction.atomic():
         old = message_for(user, message_id, lock=True)
         model, params = _regeneration_params(old, raw_params)
-        if (first := _earlier_request(key)) is not None:
-            made = first[1]
+        if key is not None and (made := _earlier_request(key)) is not None:
             fits = made.role == Message.Role.ASSISTANT and made.parent_id == old.parent_id
-            return _replayed(*first, fits, model, params)
+            return _replayed(key, made, fits, model, params)
         _refuse_streaming_branch(old, "regenerate it")
         conversation = old.conversation
         _check_capacity(user)
@@ -841,23 +840,21 @@ def _create_edit(
     with transaction.atomic():
         old = message_for(user, message_id, lock=True)
         model, params = _edit_params(old, raw_params, model)
-        if (first := _earlier_request(key)) is not None:
-            made = first[1]
+        if key is not None and (made := _earlier_request(key)) is not None:
             fits = (
                 made.role == Message.Role.USER
                 and made.conversation_id == old.conversation_id
                 and made.parent_id == old.parent_id
                 and made.content == content
             )
-            return _replayed(*first, fits, model, params)
+            return _replayed(key, made, fits, model, params)
         _refuse_streaming_branch(old, "edit it")
         _check_capacity(user)
         conversation = old.conversation
         tree = History(conversation.id)
         prompt = tree.path(old.parent_id)
         _refuse_streaming_path(prompt)
-        question = _ask(conversation, old.parent_id, content)
-        question.idempotency_key = key.stored if key is not None else None
+        question = _ask(conversation, old.parent_id, content, key=key)
         assistant, plan = _start_answer(
             user,
             conversation,
