@@ -39,8 +39,8 @@ function send(method, path, body, accept, extra = {}) {
   });
 }
 
-export async function request(method, path, body) {
-  return answerOf(await send(method, path, body, "application/json"));
+export async function request(method, path, body, headers = {}) {
+  return answerOf(await send(method, path, body, "application/json", headers));
 }
 
 /**
@@ -132,8 +132,7 @@ async function starting(path, body, stream, key) {
   for (let attempt = 0; ; attempt++) {
     try {
       if (stream) return await startStreaming(path, body, headers);
-      const created = await answerOf(await send("POST", path, body, "application/json", headers));
-      return { created, connection: null };
+      return { created: await request("POST", path, body, headers), connection: null };
     } catch (error) {
       if (!unanswered(error) || attempt >= RETRY_DELAYS_MS.length) throw error;
       await new Promise((resolve) => setTimeout(resolve, RETRY_DELAYS_MS[attempt]));
