@@ -26,8 +26,13 @@ class Conversation(models.Model):
         USER = "user", "Set by the person"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Indexed as the first column of ``conv_owner_recent``: an index of its own would be
+    # one more to write on every change of a conversation, and no query needs it.
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="conversations",
+        db_index=False,
     )
     title = models.CharField(max_length=200, blank=True, default="")
     # Who wrote the title: a placeholder (none, the question's line) may be replaced by the
@@ -60,8 +65,9 @@ class Message(models.Model):
         TOOL = "tool", "Tool result"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Indexed as the first column of ``msg_conv_created`` (see ``Meta.indexes``).
     conversation = models.ForeignKey(
-        Conversation, on_delete=models.CASCADE, related_name="messages"
+        Conversation, on_delete=models.CASCADE, related_name="messages", db_index=False
     )
     # The message this one follows; None for a conversation's first message (and for an
     # edit of it: roots are siblings too).
@@ -76,9 +82,9 @@ class Message(models.Model):
     # "function": {"name", "arguments"}}]; a tool message names the call it answers.
     tool_calls = models.JSONField(default=list, blank=True)
     tool_call_id = models.CharField(max_length=200, blank=True, default="")
-    status = models.CharField(
-        max_length=16, choices=Status.choices, default=Status.COMPLETE, db_index=True
-    )
+    # Indexed as the first column of ``msg_status_updated``, and ``msg_streaming`` holds
+    # the rows streaming now.
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
     # The termination record of the last segment (see streaming.termination.Termination).
     termination = models.JSONField(default=dict, blank=True)
     params = models.JSONField(default=dict, blank=True)
@@ -100,6 +106,9 @@ class Message(models.Model):
                 name="msg_idempotency_key",
             )
         ]
+        # Every answer inserts two messages and rewrites one as it ends, a change of
+        # status that updates every index of the row: only indexes some query needs are
+        # kept, none that another one's first column already covers.
         indexes = [
             models.Index(fields=["conversation", "created_at"], name="msg_conv_created"),
             models.Index(fields=["status", "updated_at"], name="msg_status_updated"),
@@ -122,7 +131,12 @@ class Message(models.Model):
 class Segment(models.Model):
     """One generation run of an assistant message: the first answer or a Continue."""
 
-    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="segments")
+    # Indexed as the first column of ``segment_message_index``, as ``status`` and
+    # ``worker`` are by ``segment_status_worker``: the reaper's query, the only one by
+    # either. A segment's end changes its status, which updates every index of the row.
+    message = models.ForeignKey(
+        Message, on_delete=models.CASCADE, related_name="segments", db_index=False
+    )
     index = models.PositiveIntegerField()
     start_offset = models.PositiveIntegerField(default=0)
     end_offset = models.PositiveIntegerField(default=0)
@@ -132,9 +146,7 @@ class Segment(models.Model):
     # The tool calls the model made in this segment (the message holds all of them).
     tool_calls = models.JSONField(default=list, blank=True)
     first_seq = models.PositiveBigIntegerField(default=0)
-    status = models.CharField(
-        max_length=16, choices=Status.choices, default=Status.STREAMING, db_index=True
-    )
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.STREAMING)
     finish_reason = models.CharField(max_length=32, blank=True, null=True)
     stop_reason = models.CharField(max_length=200, blank=True, null=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
@@ -151,7 +163,7 @@ class Segment(models.Model):
     context_full = models.BooleanField(default=False)
     ended_in_reasoning = models.BooleanField(default=False)
     # Which process generates/generated it ("host:pid:start"), for the reaper.
-    worker = models.CharField(max_length=200, blank=True, default="", db_index=True)
+    worker = models.CharField(max_length=200, blank=True, default="")
     started_at = models.DateTimeField(auto_now_add=True)
     ended_at = models.DateTimeField(null=True, blank=True)
 

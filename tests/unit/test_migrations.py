@@ -98,3 +98,33 @@ def test_a_linear_conversation_reads_back_identically_as_one_branch(migrate) -> 
         conversation_id=conversation.id
     )
     assert sorted(contents.values_list("content", flat=True)) == [f"turn {i}" for i in range(5)]
+
+
+DROPPED_INDEXES = {
+    "streaming_conversation": ["streaming_conversation_owner_id_b4bde1ea"],
+    "streaming_message": [
+        "streaming_message_conversation_id_453f75f7",
+        "streaming_message_status_c0bced7a",
+    ],
+    "streaming_segment": [
+        "streaming_segment_message_id_fc8fa5ce",
+        "streaming_segment_status_e1ae5c0d",
+        "streaming_segment_worker_42d122ed",
+    ],
+}
+
+
+def _index_names(table: str) -> set[str]:
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, table)
+    return {name for name, info in found.items() if info["index"]}
+
+
+def test_covered_indexes_are_dropped_and_come_back_on_reverse(migrate) -> None:
+    migrate([("streaming", "0009_message_idempotency_key")])
+    for table, names in DROPPED_INDEXES.items():
+        assert set(names) <= _index_names(table), table
+
+    migrate([("streaming", "0010_redundant_indexes")])
+    for table, names in DROPPED_INDEXES.items():
+        assert not set(names) & _index_names(table), table
