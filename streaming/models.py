@@ -18,6 +18,19 @@ from django.db import models
 from streaming.termination import Status
 
 
+class ConversationOwner(models.ForeignKey):
+    """A message's copy of its conversation's owner, set when the message is stored (by
+    ``save``, ``bulk_create`` and ``streaming.statements`` alike: each asks the field's
+    ``pre_save``), so no code that makes a message has to remember it. A conversation
+    never changes hands, so the copy never goes stale."""
+
+    def pre_save(self, model_instance: models.Model, add: bool) -> object:
+        if add:
+            owner = model_instance.conversation.owner_id  # type: ignore[attr-defined]
+            setattr(model_instance, self.attname, owner)
+        return super().pre_save(model_instance, add)
+
+
 class Conversation(models.Model):
     class TitleSource(models.TextChoices):
         NONE = "", "None yet"
@@ -69,6 +82,18 @@ class Message(models.Model):
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="messages", db_index=False
     )
+    # Its conversation's owner, for the one query by user that every post makes: counting
+    # the user's running answers (``msg_owner_streaming``), which through the
+    # conversations read every conversation the user ever had. A message goes with its
+    # conversation (deleting a user deletes those), so deleting a user looks nothing up
+    # by this column.
+    owner = ConversationOwner(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        editable=False,
+        db_index=False,
+    )
     # The message this one follows; None for a conversation's first message (and for an
     # edit of it: roots are siblings too).
     parent = models.ForeignKey(
@@ -112,15 +137,20 @@ class Message(models.Model):
         indexes = [
             models.Index(fields=["conversation", "created_at"], name="msg_conv_created"),
             models.Index(fields=["status", "updated_at"], name="msg_status_updated"),
-            # The answers streaming now, by conversation: a user's running answers are
-            # counted on every post (``statements.running_answers``) and a conversation
-            # list says which stream. Only the rows streaming now are in it, where an
-            # index of every message's status grows with the table and, until a vacuum,
-            # with every answer that once streamed.
+            # The answers streaming now, by conversation (a conversation list says which
+            # stream) and by user (every post counts the user's, in
+            # ``statements.running_answers``). Only the rows streaming now are in them,
+            # where an index of every message's status grows with the table and, until
+            # a vacuum, with every answer that once streamed.
             models.Index(
                 fields=["conversation"],
                 condition=models.Q(status=Status.STREAMING),
                 name="msg_streaming",
+            ),
+            models.Index(
+                fields=["owner"],
+                condition=models.Q(status=Status.STREAMING),
+                name="msg_owner_streaming",
             ),
         ]
 

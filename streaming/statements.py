@@ -294,18 +294,16 @@ def lock_user(user_pk: Any) -> None:
 @functools.cache
 def _running_answers_sql(alias: str) -> str:
     """The status is written into the statement, not bound: the planner then knows it
-    may read the index of streaming answers (``msg_streaming``), which holds only them."""
+    may read the index of streaming answers by owner (``msg_owner_streaming``), which
+    holds only them, so the count reads the user's running answers and nothing else."""
     connection = connections[alias]
-    message, conversation = _table(connection, Message), _table(connection, Conversation)
     status = _column(connection, Message, "status")
     assert Status.STREAMING.isidentifier(), "written into the statement as a literal"
     return (
-        f"SELECT COUNT(*) FROM {message} INNER JOIN {conversation}"
-        f" ON {message}.{_column(connection, Message, 'conversation')}"
-        f" = {conversation}.{_column(connection, Conversation, 'id')}"
-        f" WHERE {conversation}.{_column(connection, Conversation, 'owner')} = %s"
-        f" AND {message}.{_column(connection, Message, 'role')} = %s"
-        f" AND {message}.{status} = '{Status.STREAMING.value}'"
+        f"SELECT COUNT(*) FROM {_table(connection, Message)}"
+        f" WHERE {_column(connection, Message, 'owner')} = %s"
+        f" AND {_column(connection, Message, 'role')} = %s"
+        f" AND {status} = '{Status.STREAMING.value}'"
     )
 
 

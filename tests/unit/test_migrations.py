@@ -128,3 +128,24 @@ def test_covered_indexes_are_dropped_and_come_back_on_reverse(migrate) -> None:
     migrate([("streaming", "0010_redundant_indexes")])
     for table, names in DROPPED_INDEXES.items():
         assert not set(names) & _index_names(table), table
+
+
+def test_stored_messages_get_their_conversations_owner_and_lose_it_on_reverse(migrate) -> None:
+    before = migrate([("streaming", "0010_redundant_indexes")])
+    User = before.get_model("auth", "User")
+    Conversation = before.get_model("streaming", "Conversation")
+    Message = before.get_model("streaming", "Message")
+    ann, bob = User.objects.create(username="ann"), User.objects.create(username="bob")
+    mine = Conversation.objects.create(owner=ann)
+    theirs = Conversation.objects.create(owner=bob)
+    asked = Message.objects.create(conversation=mine, role="user", content="q")
+    answering = Message.objects.create(conversation=theirs, role="assistant", status="streaming")
+
+    after = migrate([("streaming", "0011_message_owner")])
+    owners = dict(after.get_model("streaming", "Message").objects.values_list("id", "owner_id"))
+    assert owners == {asked.id: ann.id, answering.id: bob.id}
+
+    reverted = migrate([("streaming", "0010_redundant_indexes")])
+    fields = {f.name for f in reverted.get_model("streaming", "Message")._meta.get_fields()}
+    assert "owner" not in fields
+    assert reverted.get_model("streaming", "Message").objects.count() == 2

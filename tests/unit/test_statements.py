@@ -98,6 +98,44 @@ def test_running_answers_counts_the_owners_streaming_answers(conversation: Conve
     assert statements.running_answers(owner) == 1
 
 
+def test_a_message_keeps_its_conversations_owner_however_it_is_stored(
+    conversation: Conversation,
+) -> None:
+    by_orm = Message.objects.create(conversation=conversation, role="user", content="a")
+    [in_bulk] = Message.objects.bulk_create([Message(conversation=conversation, role="user")])
+    by_id = Message(conversation_id=conversation.id, role="user")
+    statements.insert([by_id])
+    question = Message(conversation=conversation, role="user")
+    answer = Message(conversation=conversation, parent=question, role="assistant")
+    statements.insert_then_update([[question, answer]], conversation, ["current_leaf"])
+    made = [by_orm, in_bulk, by_id, question, answer]
+    assert {m.owner_id for m in made} == {conversation.owner_id}
+    stored = Message.objects.filter(pk__in=[m.pk for m in made]).values_list("owner", flat=True)
+    assert list(stored) == [conversation.owner_id] * len(made)
+
+
+@pytest.mark.skipif(
+    connections["default"].vendor != "postgresql", reason="PostgreSQL's plan, as deployed"
+)
+def test_counting_running_answers_reads_only_the_users_running_answers(
+    conversation: Conversation,
+) -> None:
+    """Not every conversation the user ever had (an API client makes one per call): the
+    count needs no conversation, and the index of running answers by owner serves it
+    (the plan of a big table, which a test's few rows would not get by themselves)."""
+    owner = conversation.owner
+    Conversation.objects.bulk_create([Conversation(owner=owner) for _ in range(50)])
+    Message.objects.create(conversation=conversation, role="assistant", status=Status.STREAMING)
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        sql = statements._running_answers_sql("default")
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", [owner.pk, Message.Role.ASSISTANT])
+        plan = str(cursor.fetchone()[0])
+    assert "msg_owner_streaming" in plan
+    assert "streaming_conversation" not in plan
+    assert statements.running_answers(owner.pk) == 1
+
+
 def test_messages_of_a_conversation_come_oldest_first_with_their_prompt_fields(
     conversation: Conversation,
 ) -> None:
