@@ -16,7 +16,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from bench import database
+from bench import database, servers
 from bench.report import table
 from bench.scenarios import SCENARIOS, Options, environment
 
@@ -69,6 +69,8 @@ def parse(argv: list[str] | None) -> tuple[Options, list[str], Path | None]:
         if value is not None and f.name not in ("baseline", "log_dir", "env"):
             setattr(options, f.name, value)
     options.baseline = not args.no_baseline
+    if options.relay_server not in servers.RELAY_SERVERS:
+        parser.error(f"--relay-server: one of {', '.join(servers.RELAY_SERVERS)}")
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:

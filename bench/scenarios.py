@@ -77,6 +77,10 @@ class Options:
     creates_in_flight: int = 0  # > 0: bound message creations awaiting their answer
     # 1: every message post over SSE carries an ``Idempotency-Key``, as the chat page's do.
     idempotency_keys: int = 0
+    # What serves the baseline relay: "uvicorn" (the seeds' stack, the targets' baseline)
+    # or "daphne" (the server ours must run on), which tells Daphne's share of a figure
+    # from ours.
+    relay_server: str = "uvicorn"
     profile: str = ""  # a directory: record py-spy flame graphs of our servers there
     log_dir: Path = Path("var/bench/logs")
     env: dict[str, str] = field(default_factory=dict)
@@ -128,7 +132,8 @@ def start_baseline(options: Options, tag: str, **extra: str) -> Side:
     env = dict(options.env)
     env.update(PYTHONUNBUFFERED="1", **extra)
     procs = [
-        servers.relay(f"{tag}-relay-{i}", env, options.log_dir) for i in range(options.servers)
+        servers.relay(f"{tag}-relay-{i}", env, options.log_dir, options.relay_server)
+        for i in range(options.servers)
     ]
     for p in procs:
         p.wait_ready("/docs")

@@ -108,8 +108,15 @@ def daphne(name: str, env: dict[str, str], log_dir: Path) -> Server:
     return Server(name, argv, env, log_dir).start()
 
 
-def relay(name: str, env: dict[str, str], log_dir: Path) -> Server:
-    return Server(name, [sys.executable, "-m", "bench.relay", "--fd", "{fd}"], env, log_dir).start()
+RELAY_SERVERS = {
+    "uvicorn": [sys.executable, "-m", "bench.relay", "--fd", "{fd}"],
+    "daphne": [sys.executable, "-m", "daphne", "--fd", "{fd}", "bench.relay:app"],
+}
+
+
+def relay(name: str, env: dict[str, str], log_dir: Path, server: str = "uvicorn") -> Server:
+    """The baseline relay, served by ``server`` (``RELAY_SERVERS``)."""
+    return Server(name, RELAY_SERVERS[server], env, log_dir).start()
 
 
 def emulator(name: str, env: dict[str, str], log_dir: Path) -> Server:
