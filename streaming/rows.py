@@ -4,12 +4,11 @@
 copy of its ``Query``) and works out again which column is which field and which
 converters apply; for the reads every answer makes (the locking read, the prompt's
 messages, a token's user) that cost more CPU than the statement itself. A ``Reader``
-works that out once per set of columns a result has (a migration can change what
-``SELECT *`` returns under a running process), and then only runs the statement: the
+works that out once per set of columns a result has, and then only runs the statement: the
 rows go through the fields' converters (the database's and the field's own, as the
 ORM applies them) into ``Model.from_db``, so an instance is what ``raw()`` would give,
 with the fields not selected deferred. Every column must be a concrete field of the
-model (no annotations).
+model (no annotations). Statements name their columns (``columns``), never ``*``.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Expression, Model
 from django.db.models.sql import Query
 
@@ -33,6 +33,19 @@ class _Plan:
     names: list[str]  # attnames, in the model's field order (``from_db``'s)
     positions: list[int]  # where each of them is in a row
     converters: list[tuple[int, list[Converter], Any]]  # (position, converters, column)
+
+
+def columns(connection: BaseDatabaseWrapper, model: type[Model], table: str = "") -> str:
+    """Every concrete column of ``model``, named, for a ``SELECT`` (``table.`` before each
+    when given).
+
+    Never ``*``: a statement PostgreSQL has prepared fails once its result would change
+    shape, as ``*`` does when a migration adds a column under a running process."""
+    prefix = f"{table}." if table else ""
+    quote = connection.ops.quote_name
+    return ", ".join(
+        prefix + quote(field.column) for field in model._meta.concrete_fields if field.column
+    )
 
 
 class Reader(Generic[M]):

@@ -31,7 +31,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model
 
 from streaming.models import Conversation, Message
-from streaming.rows import Reader
+from streaming.rows import Reader, columns
 from streaming.termination import Status
 
 M = TypeVar("M", bound=Model)
@@ -250,7 +250,8 @@ def _lock_conversation(alias: str) -> Reader[Conversation]:
     user = get_user_model()
     conversation, owner = _table(connection, Conversation), _table(connection, user)
     sql = (
-        f"SELECT {conversation}.* FROM {conversation} INNER JOIN {owner}"
+        f"SELECT {columns(connection, Conversation, conversation)} FROM {conversation}"
+        f" INNER JOIN {owner}"
         f" ON {owner}.{_column(connection, user, 'pk')}"
         f" = {conversation}.{_column(connection, Conversation, 'owner')}"
         f" WHERE {conversation}.{_column(connection, Conversation, 'id')} = %s"
@@ -340,7 +341,10 @@ def messages_of(conversation_id: Any) -> list[Message]:
 def _keyed(alias: str) -> Reader[Message]:
     connection = connections[alias]
     key = _column(connection, Message, "idempotency_key")
-    return Reader(Message, alias, f"SELECT * FROM {_table(connection, Message)} WHERE {key} = %s")
+    table = _table(connection, Message)
+    return Reader(
+        Message, alias, f"SELECT {columns(connection, Message)} FROM {table} WHERE {key} = %s"
+    )
 
 
 def keyed_message(stored_key: str) -> Message | None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import connections, router
 
-from streaming.rows import Reader
+from streaming.rows import Reader, columns
 from streaming.storable import is_storable
 
 # Entries kept at most (least recently used go first).
@@ -130,7 +130,7 @@ def _lookup_reader(alias: str) -> Reader[Any]:
     token_user = Token._meta.get_field("user")
     key = Token._meta.get_field("key")
     sql = (
-        f"SELECT {users}.* FROM {users} INNER JOIN {keys}"
+        f"SELECT {columns(connection, user, users)} FROM {users} INNER JOIN {keys}"
         f" ON {keys}.{name(token_user.column)} = {users}.{name(user._meta.pk.column)}"
         f" WHERE {keys}.{name(key.column)} = %s"
     )

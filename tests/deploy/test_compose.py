@@ -58,6 +58,7 @@ SAFE_DEFAULTS = {
     "DAPHNE_PING_INTERVAL",
     "DAPHNE_PING_TIMEOUT",
     "GC_THRESHOLD",
+    "DATABASE_PREPARE_THRESHOLD",  # 0 only behind a pooler that cannot keep them
     "WEB_BIND",
 }
 # Read only by the test suite.

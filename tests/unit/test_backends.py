@@ -79,6 +79,6 @@ def test_the_parse_of_an_answers_writes_is_kept() -> None:
         )
 
     write()
-    before = _queries._query2pg_client.cache_info().hits
+    before = _queries._query2pg.cache_info().hits
     write()
-    assert _queries._query2pg_client.cache_info().hits == before + 1
+    assert _queries._query2pg.cache_info().hits == before + 1

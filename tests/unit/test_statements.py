@@ -231,3 +231,44 @@ def test_a_chain_of_updates_runs_only_while_each_step_changes_a_row(
     gone[2] = (Conversation, {"title": "not reached"}, {"id": conversation.id})
     assert statements.update_chain(gone) is True
     assert state() == (Status.COMPLETE, "done", "ended")
+
+
+@pytest.mark.skipif(
+    connections["default"].vendor != "postgresql", reason="PostgreSQL's prepared statements"
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_prepared_read_survives_a_column_added_under_it() -> None:
+    """A deployment migrates while the old processes serve: their prepared statements
+    must keep working when a table gains a column (``SELECT *`` would change shape)."""
+    conversation = Conversation.objects.create(owner=User.objects.create_user("cy"), title="t")
+    owner = conversation.owner_id
+    connection = connections["default"]
+
+    def locked() -> Conversation | None:
+        with transaction.atomic():
+            return statements.lock_conversation(owner, conversation.id)
+
+    for _ in range(8):
+        assert locked() is not None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert any("FOR UPDATE" in sql for sql in prepared), "the locking read is prepared"
+
+    table = Conversation._meta.db_table
+    with psycopg_connection() as other:
+        other.execute(f'ALTER TABLE "{table}" ADD COLUMN added_later integer')
+        try:
+            found = locked()
+        finally:
+            other.execute(f'ALTER TABLE "{table}" DROP COLUMN added_later')
+    assert found is not None and found.title == "t"
+
+
+def psycopg_connection() -> Any:
+    """A connection of its own to the test database, outside Django's."""
+    import psycopg
+
+    params = connections["default"].get_connection_params()
+    keep = ("dbname", "user", "password", "host", "port")
+    return psycopg.connect(autocommit=True, **{k: v for k, v in params.items() if k in keep})
