@@ -161,9 +161,10 @@ class Message(models.Model):
 class Segment(models.Model):
     """One generation run of an assistant message: the first answer or a Continue."""
 
-    # Indexed as the first column of ``segment_message_index``, as ``status`` and
-    # ``worker`` are by ``segment_status_worker``: the reaper's query, the only one by
-    # either. A segment's end changes its status, which updates every index of the row.
+    # Indexed as the first column of ``segment_message_index``. ``status`` and ``worker``
+    # are read only by the reaper, for the segments streaming now
+    # (``segment_streaming_worker``). A segment's end changes its status, which updates
+    # every index of the row.
     message = models.ForeignKey(
         Message, on_delete=models.CASCADE, related_name="segments", db_index=False
     )
@@ -202,7 +203,16 @@ class Segment(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["message", "index"], name="segment_message_index")
         ]
-        indexes = [models.Index(fields=["status", "worker"], name="segment_status_worker")]
+        # Only the segments streaming now: the reaper's pass reads them and no others,
+        # and a segment leaves the index as it ends (an index of every segment's status
+        # grew with the table, and with an entry for every end until a vacuum).
+        indexes = [
+            models.Index(
+                fields=["worker"],
+                condition=models.Q(status=Status.STREAMING),
+                name="segment_streaming_worker",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"segment {self.index} of {self.message_id}"

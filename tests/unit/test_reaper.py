@@ -294,3 +294,28 @@ async def test_a_hole_between_the_stored_text_and_the_log_is_recorded() -> None:
     message = await load_message(answer.message_id)
     assert message.content == "Hel tail"
     assert "events 3-5 were lost" in message.termination["error_message"]
+
+
+@pytest.mark.skipif(
+    os.environ.get("DATABASE_URL", "").split(":")[0] not in ("postgres", "postgresql"),
+    reason="PostgreSQL's plan, as deployed",
+)
+def test_a_pass_reads_only_the_segments_streaming_now() -> None:
+    """Both of a pass's reads are served by the index of the segments streaming now,
+    which holds nothing else (the plan a big table gets: a test's few rows would be
+    scanned whole)."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from streaming.reaper import _orphans, _streaming_workers
+
+    with CaptureQueriesContext(connection) as ran:
+        _orphans([*_streaming_workers(), "host:1:1"])
+    assert len(ran.captured_queries) == 2
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        plans = []
+        for query in ran.captured_queries:
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {query['sql']}")
+            plans.append(str(cursor.fetchone()[0]))
+    assert all("segment_streaming_worker" in plan for plan in plans), plans
