@@ -6,18 +6,22 @@ credentials are revoked (a token deleted or replaced, a logout, a deactivation:
 ``Runtime.on_revoked``), each such stream of theirs in this process resolves its own
 credentials again, as the WebSockets do (``ws.Sockets.revoked``), and one they no longer
 authenticate is ended: the caller finishes its response without the answer's ``done``,
-and the client's reconnect is refused 401.
+and the client's reconnect is refused 401. A session also ends by age, which nothing
+announces: a stream opened with one checks it again within every ``SESSION_RECHECK``
+seconds, as a WebSocket does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from streaming.auth import authenticate
+from streaming.auth import authenticate, header
+from streaming.conf import streaming_settings
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,19 @@ def start_check(checks: set[asyncio.Task[Any]], coroutine: Coroutine[Any, Any, A
     task.add_done_callback(checks.discard)
 
 
+def session_recheck_delay() -> float | None:
+    """When a stream or socket opened with a session checks it again: within
+    ``SESSION_RECHECK`` seconds, in the second half of the interval so that ones opened
+    together do not check together; None when sessions are not checked again."""
+    interval = streaming_settings.SESSION_RECHECK
+    return interval * (0.5 + random.random() / 2) if interval > 0 else None
+
+
+def by_session(scope: dict[str, Any]) -> bool:
+    """Whether a request without a token authenticated itself (with its session)."""
+    return header(scope, b"authorization") is None
+
+
 @dataclass(eq=False, slots=True)
 class _Held:
     scope: dict[str, Any]
@@ -38,6 +55,8 @@ class _Held:
     user_id: int | None
     task: asyncio.Task[Any]
     ended: bool = False
+    # The next check of a session's stream.
+    recheck: asyncio.TimerHandle | None = None
 
 
 class OpenStreams:
@@ -58,6 +77,8 @@ class OpenStreams:
         assert task is not None
         held = _Held(scope, user_id, task)
         self.held.add(held)
+        if by_session(scope):
+            self._arm(held)
         try:
             await stream
         except asyncio.CancelledError:
@@ -67,6 +88,8 @@ class OpenStreams:
             return False
         finally:
             self.held.discard(held)
+            if held.recheck is not None:
+                held.recheck.cancel()
         return True
 
     def revoked(self, user_id: int) -> None:
@@ -75,13 +98,26 @@ class OpenStreams:
             if held.user_id is None or held.user_id == user_id:
                 start_check(self.checks, self._check(held))
 
-    async def _check(self, held: _Held) -> None:
+    def _arm(self, held: _Held) -> None:
+        delay = session_recheck_delay()
+        if delay is not None:
+            held.recheck = asyncio.get_running_loop().call_later(delay, self._recheck, held)
+
+    def _recheck(self, held: _Held) -> None:
+        held.recheck = None
+        start_check(self.checks, self._check(held, again=True))
+
+    async def _check(self, held: _Held, *, again: bool = False) -> None:
+        """End ``held`` if its credentials no longer authenticate its user; ``again``:
+        a session's periodic check, armed anew while the stream runs."""
         try:
             user = await authenticate(held.scope)
         except Exception:
             log.exception("could not check a stream's credentials")
             return
         if user.is_authenticated and held.user_id in (None, user.pk):
+            if again and held in self.held and not held.ended:
+                self._arm(held)
             return
         if held in self.held and not held.ended:
             log.info("ending a stream whose credentials were revoked")

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import random
 import time
 import uuid
 from typing import Any
@@ -47,7 +46,7 @@ from streaming.services import (
 from streaming.storable import is_storable
 from streaming.transports.daphne import SendBuffer, frame_send
 from streaming.transports.dispatch import LoopWebsocketConsumer
-from streaming.transports.held import start_check
+from streaming.transports.held import session_recheck_delay, start_check
 
 log = logging.getLogger(__name__)
 
@@ -335,9 +334,8 @@ class ChatConsumer(LoopWebsocketConsumer):
         """A session ends by age too, which nothing announces: a socket opened with one
         checks it again within every ``SESSION_RECHECK`` seconds (spread over the second
         half of the interval, so sockets opened together do not check together)."""
-        interval = streaming_settings.SESSION_RECHECK
-        if interval > 0:
-            delay = interval * (0.5 + random.random() / 2)
+        delay = session_recheck_delay()
+        if delay is not None:
             loop = asyncio.get_running_loop()
             self.session_check = loop.call_later(delay, self._session_check_due)
 

@@ -1,17 +1,21 @@
 """An HTTP stream ends when the credentials it was opened with do, as a WebSocket does: a
 deleted token or a logout ends the user's open SSE streams (the stream of a message, a
 one-step post's answer, a ``/v1`` stream) without their ``done``, and reconnecting is
-refused 401, while another user's stream goes on to its end (docs/protocol.md)."""
+refused 401, while another user's stream goes on to its end (docs/protocol.md). A
+session that expires by age ends its streams too."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
 from asgiref.sync import sync_to_async
+from django.contrib.sessions.models import Session
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from tests.integration.test_ws_revocation import _log_in
@@ -120,3 +124,30 @@ async def test_a_logout_ends_the_streams_of_that_session(daphne, account, needs_
     again = await browser.get(f"/api/messages/{message}/stream/")
     assert again.status_code == 401
     await browser.aclose()
+
+
+async def test_a_session_that_expires_by_age_ends_its_streams(daphne, account) -> None:
+    """Nothing announces a session's expiry: a stream opened with it checks it again every
+    ``STREAM_SESSION_RECHECK`` and ends without its ``done`` once it expired, while a
+    stream whose session still stands runs to its end."""
+    server = daphne(STREAM_SESSION_RECHECK="0.2")
+    expiring, lasting = await _log_in(server, account), await _log_in(server, account)
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as api:
+        first, second = [await create_conversation(api, account.token) for _ in range(2)]
+        long = (await post_message(api, account.token, first, "long", **LONG))["id"]
+        short = (await post_message(api, account.token, second, "short", **SHORT))["id"]
+    gone = Reader(expiring, "GET", f"/api/messages/{long}/stream/")
+    kept = Reader(lasting, "GET", f"/api/messages/{short}/stream/")
+    for reader in (gone, kept):
+        await asyncio.wait_for(reader.started.wait(), 30)
+    key = expiring.cookies["sessionid"]
+    expired = await sync_to_async(Session.objects.filter(session_key=key).update)(
+        expire_date=timezone.now() - timedelta(seconds=1)
+    )
+    assert expired == 1
+    assert "done" not in await gone.ended()
+    assert (await kept.ended())[-1] == "done", "the other session's checks passed"
+    again = await expiring.get(f"/api/messages/{long}/stream/")
+    assert again.status_code == 401
+    for browser in (expiring, lasting):
+        await browser.aclose()
