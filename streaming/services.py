@@ -893,15 +893,33 @@ def edit(
     return _exchange(_made_once(create, key))
 
 
+async def _made_after_stopping(
+    user: Any,
+    message_id: Any,
+    stop: bool,
+    check: Callable[[], None],
+    make: Callable[[], Exchange],
+) -> Exchange:
+    """``make()`` in a database thread; with ``stop``, the branch below ``message_id``
+    stopped first, once ``check()`` found that the request is not refused."""
+    if stop:
+        await database.run(check)
+        await stop_branch(user, message_id)
+    return await database.run(make)
+
+
 async def regenerate_message(
     user: Any, message_id: Any, raw_params: Any = None, *, stop: bool = False, **keyed: Any
 ) -> Exchange:
     """``regenerate`` for async callers; ``stop``: stop the old answer first, once the
     request is known not to be refused. ``keyed``: ``regenerate``'s idempotency key."""
-    if stop:
-        await database.run(check_regeneration, user, message_id, raw_params)
-        await stop_branch(user, message_id)
-    return await database.run(functools.partial(regenerate, user, message_id, raw_params, **keyed))
+    return await _made_after_stopping(
+        user,
+        message_id,
+        stop,
+        functools.partial(check_regeneration, user, message_id, raw_params),
+        functools.partial(regenerate, user, message_id, raw_params, **keyed),
+    )
 
 
 async def edit_message(
@@ -916,11 +934,12 @@ async def edit_message(
 ) -> Exchange:
     """``edit`` for async callers; ``stop``: stop the branch below the question first,
     once the request is known not to be refused. ``keyed``: ``edit``'s idempotency key."""
-    if stop:
-        await database.run(check_edit, user, message_id, content, raw_params, model)
-        await stop_branch(user, message_id)
-    return await database.run(
-        functools.partial(edit, user, message_id, content, raw_params, model, **keyed)
+    return await _made_after_stopping(
+        user,
+        message_id,
+        stop,
+        functools.partial(check_edit, user, message_id, content, raw_params, model),
+        functools.partial(edit, user, message_id, content, raw_params, model, **keyed),
     )
 
 

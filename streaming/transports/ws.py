@@ -28,7 +28,7 @@ import uuid
 from typing import Any
 
 from streaming import events, selectors
-from streaming.auth import authenticate, header, user_for_token
+from streaming.auth import authenticate, user_for_token
 from streaming.conf import streaming_settings
 from streaming.errors import ServiceError, describe
 from streaming.feed import Listener
@@ -46,7 +46,7 @@ from streaming.services import (
 from streaming.storable import is_storable
 from streaming.transports.daphne import SendBuffer, frame_send
 from streaming.transports.dispatch import LoopWebsocketConsumer
-from streaming.transports.held import session_recheck_delay, start_check
+from streaming.transports.held import by_session, session_recheck_delay, start_check
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ class ChatConsumer(LoopWebsocketConsumer):
             self._arm_session_check()
 
     def _by_session(self) -> bool:
-        return self.token is None and header(self.scope, b"authorization") is None
+        return self.token is None and by_session(self.scope)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """However the socket ends (a close, a handshake refused, an error the server
