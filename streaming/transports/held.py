@@ -112,10 +112,12 @@ class OpenStreams:
         a session's periodic check, armed anew while the stream runs."""
         try:
             user = await authenticate(held.scope)
+            valid = user.is_authenticated and held.user_id in (None, user.pk)
         except Exception:
+            # Not known now: the next revocation or the next periodic check asks again.
             log.exception("could not check a stream's credentials")
-            return
-        if user.is_authenticated and held.user_id in (None, user.pk):
+            valid = True
+        if valid:
             if again and held in self.held and not held.ended:
                 self._arm(held)
             return

@@ -76,3 +76,29 @@ async def test_a_revocation_ends_only_the_streams_it_took_the_credentials_of(who
     with pytest.raises(asyncio.CancelledError):
         await runs["other"]  # any other cancellation goes on
     assert not streams.held
+
+
+async def test_a_sessions_stream_is_checked_again_until_its_session_is_gone(
+    who, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check that could not tell (the database away) arms the next one all the same."""
+    monkeypatch.setattr(held, "session_recheck_delay", lambda: 0.001)
+    checks = 0
+    resolve = held.authenticate
+
+    async def authenticate(scope: dict[str, Any]) -> User:
+        nonlocal checks
+        checks += 1
+        if checks == 1:
+            raise ConnectionError("the database is away")
+        if checks == 3:
+            who.clear()  # the session expired
+        return await resolve(scope)
+
+    monkeypatch.setattr(held, "authenticate", authenticate)
+    who.update(mine=1)
+    streams = held.OpenStreams()
+    started = asyncio.Event()
+    ran = await asyncio.wait_for(streams.run({"name": "mine"}, 1, forever(started)), 5)
+    assert ran is False, "ended by the check after its session went"
+    assert checks == 3
