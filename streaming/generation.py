@@ -45,7 +45,7 @@ from streaming.persistence import Partial, finalize_segment
 from streaming.presence import Presence
 from streaming.stops import StopFilter
 from streaming.storable import storable
-from streaming.streamlog import LogLost, SeqConflict, StreamLog
+from streaming.streamlog import Appended, LogLost, SeqConflict, StreamLog, until_appended
 from streaming.termination import Status, Termination
 
 log = logging.getLogger(__name__)
@@ -267,13 +267,13 @@ class Generation:
         covers need not stay in this process for a log that loses its tail."""
         self.backends.hub.stored(self.message_id, partial.last_seq)
 
-    async def _write(self, batch: list[events.Event]) -> None:
+    def _write(self, batch: list[events.Event], appended: Appended) -> None:
         """Every batch after the segment's first must follow on from what the log holds."""
         backends = self.backends
         if batch[0]["seq"] > self.plan.first_seq:
-            await append_following(backends.log, backends.hub, self.message_id, batch)
+            submit_following(backends.log, backends.hub, self.message_id, batch, appended)
         else:
-            await backends.log.append(self.message_id, batch)
+            backends.log.submit(self.message_id, batch, appended)
 
     def _written(self, batch: list[events.Event]) -> None:
         """A batch is in the log: it is part of the answer now, and local readers get it."""
@@ -582,27 +582,35 @@ class Generation:
                 delay = min(delay * 2, 2.0)
 
 
-async def append_following(
-    stream_log: StreamLog, hub: Hub, message_id: str, batch: list[events.Event]
+def submit_following(
+    stream_log: StreamLog,
+    hub: Hub,
+    message_id: str,
+    batch: list[events.Event],
+    appended: Appended,
 ) -> None:
-    """Append ``batch`` after the event before it. When the log lost its tail (Redis
-    restarted empty), the recent events this process still holds (the hub keeps a tail
-    beyond its slowest local reader) go back in first, so a reader in another process
-    following close behind the writer misses nothing; one further behind than that tail
-    gets the log's ``resume_gap``."""
-    try:
-        await stream_log.append(message_id, batch, contiguous=True)
-    except LogLost as lost:
-        held = hub.newer_than(message_id, lost.have)
+    """Append ``batch`` after the event before it, then call ``appended``. When the log
+    lost its tail (Redis restarted empty), the recent events this process still holds
+    (the hub keeps a tail beyond its slowest local reader) go back in first, so a reader
+    in another process following close behind the writer misses nothing; one further
+    behind than that tail gets the log's ``resume_gap``."""
+
+    def contiguous(error: BaseException | None) -> None:
+        if not isinstance(error, LogLost):
+            appended(error)
+            return
+        held = hub.newer_than(message_id, error.have)
         held = [e for e in held if e["seq"] < batch[0]["seq"]]
         resumed = held[0]["seq"] if held else batch[0]["seq"]
         log.warning(
             "the event log lost this answer's events after seq %d; put back from seq %d%s",
-            lost.have,
+            error.have,
             resumed,
-            "" if resumed == lost.have + 1 else f" (events {lost.have + 1}-{resumed - 1} gone)",
+            "" if resumed == error.have + 1 else f" (events {error.have + 1}-{resumed - 1} gone)",
         )
-        await stream_log.append(message_id, held + batch)
+        stream_log.submit(message_id, held + batch, appended)
+
+    stream_log.submit(message_id, batch, contiguous, contiguous=True)
 
 
 async def end_log(stream_log: StreamLog, hub: Hub, message_id: str, done: events.Event) -> None:
@@ -611,7 +619,9 @@ async def end_log(stream_log: StreamLog, hub: Hub, message_id: str, done: events
     expiry. A log that already holds a later event keeps it (and its expiry: a later
     ``start`` is a Continue's, live): the ``done`` is exactly-once by seq."""
     try:
-        await append_following(stream_log, hub, message_id, [done])
+        await until_appended(
+            lambda appended: submit_following(stream_log, hub, message_id, [done], appended)
+        )
         hub.publish(message_id, [done])
     except SeqConflict:
         log.warning("the log of %s already had a later event than its done", message_id)

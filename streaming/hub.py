@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 TAIL_EVENTS = 4
 # The tail of a generation that readers in other processes follow (``keep_for_followers``):
 # they read the log, not this topic, and when the log loses its tail (Redis restarted
-# empty) the generation puts back what its topic holds (``generation.append_following``),
+# empty) the generation puts back what its topic holds (``generation.submit_following``),
 # so the tail must reach back past a follower that lags the writer.
 FOLLOWED_TAIL_EVENTS = 32
 # The default bound of a topic (``STREAMING["HUB_MAX_EVENTS"]``): a reader further behind

@@ -14,28 +14,37 @@ handed to ``published`` (the hub, and the generation's own record of what is wri
 only after the log accepted it, so no reader ever sees an event the log does not hold.
 A failed write is kept as ``error``: nothing more is written (the events after it would
 leave a hole), ``failed`` is told at once, and ``drain`` raises it.
+
+No task runs here: a write is started from a loop callback (the next turn of the loop,
+so the events of one turn go out together, or the end of the window) and the log calls
+back when it holds the batch, and that call publishes it and starts the next write. A
+token is handed over twice on its way to a reader (the log's batch, the reader), where a
+task per write would add two task steps and a future per token, the most frequent work
+of a busy process.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from streaming import events
 from streaming.events import Event, Logged
+from streaming.streamlog import Appended
 
 
 class Outbox:
     def __init__(
         self,
-        write: Callable[[list[Event]], Awaitable[None]],
+        write: Callable[[list[Event], Appended], None],
         published: Callable[[list[Event]], None],
         *,
         first_seq: int,
         window: float,
         failed: Callable[[BaseException], None] | None = None,
     ) -> None:
+        """``write(batch, appended)`` starts a batch's append and calls ``appended`` once
+        it is over (with the error, if any), never from within ``write`` itself."""
         self._write = write
         self._published = published
         self._failed = failed
@@ -46,10 +55,11 @@ class Outbox:
         self.error: BaseException | None = None
         self._pending: list[Event] = []
         self._urgent = False
-        self._task: asyncio.Task[None] | None = None
+        # The batch being written, and the callback that starts the next write (either,
+        # never both: a write started while one is in flight would break the order).
+        self._writing: list[Event] | None = None
+        self._next: asyncio.Handle | None = None
         self._last_write = float("-inf")
-        # Resolved to cut a window wait short (an urgent event arrived).
-        self._window_wait: asyncio.Future[None] | None = None
         self._drained: list[asyncio.Future[None]] = []
 
     def add(self, event: Event, *, urgent: bool = False) -> None:
@@ -57,76 +67,74 @@ class Outbox:
         if self.error is not None:
             return
         self._pending.append(event)
-        if urgent:
-            self._urgent = True
-            wait = self._window_wait
-            if wait is not None and not wait.done():
-                wait.set_result(None)
-        if self._task is None:
-            self._task = asyncio.create_task(
-                self._run(), name="outbox", context=contextvars.Context()
-            )
+        if urgent and not self._urgent:
+            self._hurry()
+        if self._writing is None and self._next is None:
+            self._schedule()
 
     async def drain(self) -> None:
         """Wait until every event added so far is in the log (and published); raise the
         write error if one happened."""
-        if self._task is not None:
+        if self._writing is not None or self._next is not None:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._drained.append(done)
-            self._urgent = True  # nothing more is coming: no reason to wait out the window
-            wait = self._window_wait
-            if wait is not None and not wait.done():
-                wait.set_result(None)
+            self._hurry()  # nothing more is coming: no reason to wait out the window
             await done
         if self.error is not None:
             raise self.error
 
-    async def _run(self) -> None:
+    def _hurry(self) -> None:
+        """Cut a window wait short: what is pending goes out in the loop's next turn."""
+        self._urgent = True
+        if self._next is not None:
+            self._next.cancel()
+            self._next = None
+            self._schedule()
+
+    def _schedule(self) -> None:
         loop = asyncio.get_running_loop()
+        delay = self._last_write + self.window - loop.time()
+        if delay > 0 and not self._urgent:
+            self._next = loop.call_later(delay, self._start_write)
+        else:
+            self._next = loop.call_soon(self._start_write)
+
+    def _start_write(self) -> None:
+        self._next = None
+        self._urgent = False
+        merged = events.merge(self._pending)
+        self._pending = []
+        batch: list[Event] = []
+        for event in merged:
+            self.seq += 1
+            event["seq"] = self.seq
+            batch.append(Logged(event))
+        self._last_write = asyncio.get_running_loop().time()
+        self._writing = batch
+        self._write(batch, self._written)
+
+    def _written(self, error: BaseException | None) -> None:
+        batch = self._writing
+        assert batch is not None
+        self._writing = None
+        if error is not None:
+            self.seq = batch[0]["seq"] - 1
+            self.error = error
+            self._pending = []
+            self._resolve_drained()
+            if self._failed is not None:
+                self._failed(error)
+            return
         try:
-            while self._pending:
-                delay = self._last_write + self.window - loop.time()
-                if delay > 0 and not self._urgent:
-                    await self._wait_window(loop, delay)
-                self._urgent = False
-                merged = events.merge(self._pending)
-                self._pending = []
-                batch: list[Event] = []
-                for event in merged:
-                    self.seq += 1
-                    event["seq"] = self.seq
-                    batch.append(Logged(event))
-                self._last_write = loop.time()
-                try:
-                    await self._write(batch)
-                except BaseException as exc:
-                    self.seq = batch[0]["seq"] - 1
-                    self.error = exc
-                    self._pending = []
-                    if self._failed is not None:
-                        self._failed(exc)
-                    if not isinstance(exc, Exception):
-                        raise
-                    return
-                self._published(batch)
+            self._published(batch)
         finally:
-            self._task = None
-            drained, self._drained = self._drained, []
-            for done in drained:
-                if not done.done():
-                    done.set_result(None)
+            if self._pending:
+                self._schedule()
+            else:
+                self._resolve_drained()
 
-    async def _wait_window(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
-        wait: asyncio.Future[None] = loop.create_future()
-        self._window_wait = wait
-        timer = loop.call_later(delay, _resolve, wait)
-        try:
-            await wait
-        finally:
-            timer.cancel()
-            self._window_wait = None
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+    def _resolve_drained(self) -> None:
+        drained, self._drained = self._drained, []
+        for done in drained:
+            if not done.done():
+                done.set_result(None)

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from streaming.conf import build_backend, streaming_settings
-from streaming.streamlog.base import LogLost, SeqConflict, StreamLog
+from streaming.streamlog.base import Appended, LogLost, SeqConflict, StreamLog, until_appended
 
 
 def build_streamlog() -> StreamLog:
@@ -15,4 +15,11 @@ def build_streamlog() -> StreamLog:
     return log
 
 
-__all__ = ["LogLost", "SeqConflict", "StreamLog", "build_streamlog"]
+__all__ = [
+    "Appended",
+    "LogLost",
+    "SeqConflict",
+    "StreamLog",
+    "build_streamlog",
+    "until_appended",
+]

@@ -8,6 +8,10 @@ it; a log that lost its tail (a Redis restarted empty, a failover to a replica t
 not caught up) refuses it with ``LogLost`` instead of leaving a silent hole, so the
 writer can put back what it still holds first.
 
+``submit`` is the append the writers use: it starts the append and calls back when it
+is over, so a generation hands its events on without a task waiting on each write;
+``append`` awaits the same.
+
 ``follow`` replays everything after a cursor, then yields new batches as they are appended,
 and ends with the batch whose last event is a ``done``: a reader's stream covers one
 segment's end. A Continue appends a new segment to the same log; readers of it subscribe
@@ -17,10 +21,14 @@ again from their cursor.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 
 from streaming import events
 from streaming.events import Event
+
+# Told how an append ended: None once the log holds its events, else the error.
+Appended = Callable[[BaseException | None], None]
 
 # How long a deleted log is remembered as deleted, for followers that start late.
 TOMBSTONE_SECONDS = 60
@@ -55,14 +63,30 @@ class LogLost(Exception):
 
 class StreamLog(abc.ABC):
     @abc.abstractmethod
+    def submit(
+        self,
+        message_id: str,
+        events: list[Event],
+        appended: Appended,
+        *,
+        contiguous: bool = False,
+    ) -> None:
+        """Start adding ``events`` (seqs increasing, above the log's last: else
+        ``SeqConflict``) and call ``appended`` once, later (never from within this call),
+        with None or the error. When ``contiguous``, the log must hold seq
+        ``events[0]["seq"] - 1``: else ``LogLost``, and nothing is added. The appends of
+        one message are applied in the order they were submitted. A ``done`` ends a
+        segment: its append alone starts the log's expiry (kept ``STREAM_LOG_TTL``
+        seconds for resumes, no call of its own); a later ``start`` (a Continue) makes
+        the log live again."""
+
     async def append(
         self, message_id: str, events: list[Event], *, contiguous: bool = False
     ) -> None:
-        """Add ``events`` (seqs increasing, above the log's last: else ``SeqConflict``).
-        When ``contiguous``, the log must hold seq ``events[0]["seq"] - 1``: else
-        ``LogLost``, and nothing is added. A ``done`` ends a segment: its append alone
-        starts the log's expiry (kept ``STREAM_LOG_TTL`` seconds for resumes, no call of
-        its own); a later ``start`` (a Continue) makes the log live again."""
+        """``submit``, awaited: returns once the log holds ``events``, else raises."""
+        await until_appended(
+            lambda appended: self.submit(message_id, events, appended, contiguous=contiguous)
+        )
 
     @abc.abstractmethod
     async def read(self, message_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
@@ -91,3 +115,19 @@ class StreamLog(abc.ABC):
 
     async def close(self) -> None:
         """Release connections (tests and shutdown)."""
+
+
+async def until_appended(start: Callable[[Appended], None]) -> None:
+    """Call ``start`` with an ``Appended`` callback and wait for it; raise its error."""
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def appended(error: BaseException | None) -> None:
+        if future.done():  # the waiter was cancelled
+            return
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+    start(appended)
+    await future

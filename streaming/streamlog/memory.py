@@ -16,6 +16,7 @@ from streaming.conf import streaming_settings
 from streaming.events import DONE, Event
 from streaming.streamlog.base import (
     TOMBSTONE_SECONDS,
+    Appended,
     LogLost,
     SeqConflict,
     StreamLog,
@@ -59,9 +60,28 @@ class MemoryStreamLog(StreamLog):
             else:
                 return
 
+    def submit(
+        self,
+        message_id: str,
+        events: list[Event],
+        appended: Appended,
+        *,
+        contiguous: bool = False,
+    ) -> None:
+        try:
+            self._add(message_id, events, contiguous)
+        except (LogLost, SeqConflict) as error:
+            asyncio.get_running_loop().call_soon(appended, error)
+        else:
+            asyncio.get_running_loop().call_soon(appended, None)
+
     async def append(
         self, message_id: str, events: list[Event], *, contiguous: bool = False
     ) -> None:
+        """Applied at once, without a turn of the loop (nothing to wait for here)."""
+        self._add(message_id, events, contiguous)
+
+    def _add(self, message_id: str, events: list[Event], contiguous: bool) -> None:
         entry = self._entry(message_id, create=True)
         assert entry is not None
         last = entry.events[-1]["seq"] if entry.events else 0

@@ -43,6 +43,7 @@ from streaming.conf import streaming_settings
 from streaming.events import DONE, START, Event, Logged, decode, encode
 from streaming.streamlog.base import (
     TOMBSTONE_SECONDS,
+    Appended,
     LogLost,
     SeqConflict,
     StreamLog,
@@ -116,8 +117,8 @@ return out
 """
 
 
-# One queued append: the message, its events, its waiter, whether it is ``contiguous``.
-_Append = tuple[str, list[Event], asyncio.Future[None], bool]
+# One queued append: the message, its events, its callback, whether it is ``contiguous``.
+_Append = tuple[str, list[Event], Appended, bool]
 
 
 def _bulk(data: bytes) -> bytes:
@@ -175,7 +176,7 @@ def _errors(appends: list[_Append], replies: list[Any], retry: bool) -> list[Exc
     """Each append's outcome from its group's reply (one entry per event, in order)."""
     results: list[Exception | None] = []
     position = 0
-    for message_id, events, _future, _contiguous in appends:
+    for message_id, events, _appended, _contiguous in appends:
         error: Exception | None = None
         for reply in replies[position : position + len(events)]:
             if not reply:
@@ -247,14 +248,17 @@ class RedisStreamLog(StreamLog):
         # The connection appends go out on (``_call_script``).
         self._writer: Any = None
 
-    async def append(
-        self, message_id: str, events: list[Event], *, contiguous: bool = False
+    def submit(
+        self,
+        message_id: str,
+        events: list[Event],
+        appended: Appended,
+        *,
+        contiguous: bool = False,
     ) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((message_id, events, future, contiguous))
+        self._queue.append((message_id, events, appended, contiguous))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_loop())
-        await future
 
     async def _flush_loop(self) -> None:
         while self._queue:
@@ -268,19 +272,14 @@ class RedisStreamLog(StreamLog):
             batch, self._queue = self._queue, []
             self._shared = len({append[0] for append in batch}) > 1
             try:
-                results = await self._send_until_reachable(batch)
-            except Exception as exc:  # unreachable for too long: every waiter learns it
-                for _mid, _events, future, _contiguous in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for (_mid, _events, future, _contiguous), error in zip(batch, results, strict=True):
-                if future.done():
-                    continue
-                if error is None:
-                    future.set_result(None)
-                else:
-                    future.set_exception(error)
+                results: list[Exception | None] = await self._send_until_reachable(batch)
+            except Exception as exc:  # unreachable for too long: every writer learns it
+                results = [exc] * len(batch)
+            for (_mid, _events, appended, _contiguous), error in zip(batch, results, strict=True):
+                try:
+                    appended(error)
+                except Exception:  # one writer's failure is not the other writers'
+                    log.exception("an append's callback failed")
 
     async def _send_until_reachable(self, batch: list[_Append]) -> list[Exception | None]:
         loop = asyncio.get_running_loop()
@@ -330,7 +329,7 @@ class RedisStreamLog(StreamLog):
         kinds: list[str] = []
         checks: list[str] = []
         entries: list[bytes] = []
-        for message_id, events, _future, contiguous in appends:
+        for message_id, events, _appended, contiguous in appends:
             key = _bulk(_grouped_key(group, message_id).encode())
             checks.append("c" if contiguous else "-")
             if len(events) > 1:

@@ -33,7 +33,7 @@ from streaming.hub import TAIL_EVENTS, Hub
 from streaming.models import Segment
 from streaming.presence.memory import MemoryPresence
 from streaming.registry import Generations
-from streaming.streamlog import StreamLog
+from streaming.streamlog import Appended, StreamLog
 from streaming.streamlog.memory import MemoryStreamLog
 from streaming.termination import Status
 from tests.unit.scripted import (
@@ -592,14 +592,26 @@ class HeldLog(MemoryStreamLog):
         self.gate = asyncio.Event()
         self.entered = asyncio.Event()
         self.appends = 0
+        self._held: set[asyncio.Task[None]] = set()
 
-    async def append(
-        self, message_id: str, batch: list[events.Event], *, contiguous: bool = False
+    def submit(
+        self,
+        message_id: str,
+        batch: list[events.Event],
+        appended: Appended,
+        *,
+        contiguous: bool = False,
     ) -> None:
         self.appends += 1
         self.entered.set()
-        await self.gate.wait()
-        await super().append(message_id, batch, contiguous=contiguous)
+
+        async def when_open() -> None:
+            await self.gate.wait()
+            super(HeldLog, self).submit(message_id, batch, appended, contiguous=contiguous)
+
+        task = asyncio.create_task(when_open())
+        self._held.add(task)
+        task.add_done_callback(self._held.discard)
 
 
 async def test_a_slow_log_never_holds_up_the_engine(answer: Answer) -> None:
