@@ -2,7 +2,10 @@
 proxy in front of PostgreSQL that a test may cut and restore.
 
 Both are real processes/sockets on loopback; neither touches the shared services the
-rest of the suite uses.
+rest of the suite uses. A test names them before its servers' fixture (``daphne``,
+``two_processes``): fixtures are torn down in the reverse order, so the servers stop while
+the database and Redis they were given still answer, instead of retrying their final
+writes against a fault the test no longer holds.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def through(proxy_port: int) -> str:
     return url.replace(f"@{host_port}/", f"@127.0.0.1:{proxy_port}/")
 
 
-async def test_database_outage_mid_stream_loses_nothing(daphne, account, postgres_proxy):
+async def test_database_outage_mid_stream_loses_nothing(postgres_proxy, daphne, account):
     server = daphne(DATABASE_URL=through(postgres_proxy.port), STREAM_FLUSH_INTERVAL="0.2")
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         conversation = await create_conversation(client, account.token)
@@ -57,7 +57,7 @@ async def test_database_outage_mid_stream_loses_nothing(daphne, account, postgre
 
 
 async def test_a_stream_opened_while_the_database_is_away_gets_the_json_error(
-    daphne, account, postgres_proxy
+    postgres_proxy, daphne, account
 ):
     server = daphne(DATABASE_URL=through(postgres_proxy.port))
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:

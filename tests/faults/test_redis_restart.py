@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.redis]
 OUTAGE_SECONDS = 1.5  # how long Redis stays down: the fault itself, not a synchronisation
 
 
-async def test_redis_restart_mid_stream_loses_nothing(two_processes, account, private_redis):
+async def test_redis_restart_mid_stream_loses_nothing(private_redis, two_processes, account):
     env = {"REDIS_URL": private_redis.url, "STREAM_HEARTBEAT_INTERVAL": "0.5"}
     async with two_processes("gen", "follow", **env) as (_, _, a, b):
         conversation = await create_conversation(a, account.token)
@@ -66,7 +66,7 @@ async def test_redis_restart_mid_stream_loses_nothing(two_processes, account, pr
 
 
 async def test_redis_restart_then_a_crash_keeps_the_text_from_its_first_character(
-    two_processes, account, private_redis
+    private_redis, two_processes, account
 ):
     """After a restart the log holds only what came since; the generating process then
     dies. The reaper splices the database's text (which records the seq it reaches) with
@@ -112,7 +112,7 @@ async def streaming_answer(client: httpx.AsyncClient, token: str) -> dict[str, A
 
 
 async def test_a_websocket_subscription_while_redis_is_down_is_told_and_resumes(
-    two_processes, account, private_redis
+    private_redis, two_processes, account
 ):
     """A reader in another process than the generation's cannot attach (its count must
     reach that process through Redis): it gets an error naming its cursor, not heartbeats
@@ -140,7 +140,7 @@ async def test_a_websocket_subscription_while_redis_is_down_is_told_and_resumes(
 
 
 async def test_a_subscription_while_redis_is_down_follows_its_own_process_answer(
-    daphne, account, private_redis
+    private_redis, daphne, account
 ):
     """A reader in the generating process is counted there, without Redis: it waits with
     the generation while the log holds its appends, and gets every token once Redis is
@@ -168,7 +168,7 @@ async def test_a_subscription_while_redis_is_down_follows_its_own_process_answer
 
 
 async def test_a_late_reader_while_redis_is_down_starts_from_the_database(
-    daphne, account, private_redis
+    private_redis, daphne, account
 ):
     """A reader from the start that arrives during the outage, once the generating
     process's topic has let go of what the database stores, cannot read the log: it gets

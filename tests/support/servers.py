@@ -140,6 +140,10 @@ def server_env(**overrides: Any) -> dict[str, str]:
     env["DJANGO_SETTINGS_MODULE"] = "chatsite.settings"
     env["DATABASE_URL"] = database_url()
     env.setdefault("STREAM_ABANDON_GRACE", "10")
+    # A test's server stops at its end with an answer often still streaming: it is
+    # interrupted at once instead of given the production drain (a test of the drain
+    # sets its own deadline).
+    env.setdefault("STREAM_SHUTDOWN_DEADLINE", "0.5")
     env["PYTHONUNBUFFERED"] = "1"
     for key, value in overrides.items():
         if value is None:
