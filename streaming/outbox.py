@@ -111,7 +111,10 @@ class Outbox:
             batch.append(Logged(event))
         self._last_write = asyncio.get_running_loop().time()
         self._writing = batch
-        self._write(batch, self._written)
+        try:
+            self._write(batch, self._written)
+        except Exception as exc:  # refused before it started: as if the log had failed it
+            self._written(exc)
 
     def _written(self, error: BaseException | None) -> None:
         batch = self._writing

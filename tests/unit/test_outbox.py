@@ -150,3 +150,17 @@ async def test_a_publish_that_raises_does_not_stop_the_writes_after_it() -> None
     writes.end(2)
     await asyncio.wait_for(outbox.drain(), HANG)
     assert calls == 2
+
+
+async def test_a_write_that_raises_as_it_starts_fails_the_outbox_instead_of_hanging_it() -> None:
+    writes = Writes()
+
+    def refuse(batch: list[Event], appended: Appended) -> None:
+        raise ValueError("not a log")
+
+    outbox = Outbox(refuse, writes.publish, first_seq=1, window=0.0, failed=writes.failures.append)
+    outbox.add(events.delta(0, "a"))
+    with pytest.raises(ValueError):
+        await asyncio.wait_for(outbox.drain(), HANG)
+    assert outbox.seq == 0 and writes.published == []
+    assert [type(f) for f in writes.failures] == [ValueError]
