@@ -36,9 +36,11 @@ run: migrate
 demo-password: migrate
 	$(BIN)/python manage.py ensure_demo_user --reset-password
 
-# Two workers (pytest-xdist) by default: most tests wait on servers and browsers, so two
-# run in about the time of one. TEST_WORKERS=0 runs in this process only.
-TEST_WORKERS ?= 2
+# Three workers (pytest-xdist) by default: most tests wait on servers and browsers, so
+# they overlap well even on two cores. tests/e2e is one unit on one worker (one Chromium at
+# a time) and the longest: the other two share the rest in about its time.
+# TEST_WORKERS=0 runs in this process only.
+TEST_WORKERS ?= 3
 
 test: lint
 	$(BIN)/python manage.py makemigrations --check --dry-run

@@ -27,7 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker != "gw0" and "tests.support.workers" not in sys.modules:
         raise pytest.UsageError(
             "parallel runs need `-p tests.support.workers` (each worker its own Redis): "
-            "use `make test`, or `python -m pytest -p tests.support.workers -n 2 --dist loadscope`"
+            "use `make test`, or `python -m pytest -p tests.support.workers -n 3 --dist loadscope`"
         )
 
 

@@ -1,5 +1,5 @@
 """Parallel test workers (pytest-xdist): ``make test`` loads this module with ``-p`` and
-runs ``-n 2 --dist loadscope``; ``tests/conftest.py`` refuses a parallel run without it.
+runs ``-n 3 --dist loadscope``; ``tests/conftest.py`` refuses a parallel run without it.
 
 - **Redis.** Decided before Django reads its settings (a ``-p`` module is imported ahead
   of pytest-django). Keys in Redis are per message, so workers could share one Redis, but
