@@ -142,6 +142,35 @@ async def test_a_contiguous_append_is_refused_where_the_log_lost_its_tail(log: S
     assert [e["seq"] for e in await log.read(lost, 0)] == [5, 6, 7, 8, 9]
 
 
+async def test_submit_tells_each_append_later_and_a_writer_that_raises_stops_no_other(
+    log: StreamLog,
+):
+    """A writer's callback runs after ``submit`` returned, once per append, with its own
+    outcome; one that raises (a writer's bug) keeps neither the appends beside it nor the
+    later ones from being told."""
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    told: list[tuple[str, BaseException | None]] = []
+    both_told = asyncio.Event()
+
+    def raising(error: BaseException | None) -> None:
+        told.append(("first", error))
+        raise RuntimeError("a writer's bug")
+
+    def noting(error: BaseException | None) -> None:
+        told.append(("second", error))
+        both_told.set()
+
+    log.submit(first, deltas(1, 2), raising)
+    log.submit(second, deltas(5, 1), noting, contiguous=True)  # seq 4 was never there
+    assert told == [], "never told from within submit"
+    await asyncio.wait_for(both_told.wait(), 5)
+    assert told[0] == ("first", None)
+    assert told[1][0] == "second" and isinstance(told[1][1], LogLost)
+    await asyncio.wait_for(log.append(first, deltas(3, 1)), 5)
+    assert [e["seq"] for e in await log.read(first, 0)] == [1, 2, 3]
+    assert await log.read(second, 0) == []
+
+
 async def test_concurrent_appends_keep_order_per_message(log: StreamLog):
     ids = [str(uuid.uuid4()) for _ in range(20)]
 
