@@ -68,12 +68,12 @@ class MemoryStreamLog(StreamLog):
         *,
         contiguous: bool = False,
     ) -> None:
+        error: Exception | None = None
         try:
             self._add(message_id, events, contiguous)
-        except (LogLost, SeqConflict) as error:
-            asyncio.get_running_loop().call_soon(appended, error)
-        else:
-            asyncio.get_running_loop().call_soon(appended, None)
+        except (LogLost, SeqConflict) as refused:
+            error = refused
+        asyncio.get_running_loop().call_soon(appended, error)
 
     async def append(
         self, message_id: str, events: list[Event], *, contiguous: bool = False
