@@ -88,9 +88,14 @@ class History:
     """A conversation's messages, with what a prompt needs (``statements.PROMPT_FIELDS``),
     and their tree: one query for both the prompt of a new answer and its siblings."""
 
-    def __init__(self, conversation_id: Any) -> None:
-        self.messages = {str(m.id): m for m in statements.messages_of(conversation_id)}
+    def __init__(self, messages: Iterable[Message]) -> None:
+        """``messages``: every message of the conversation, oldest first."""
+        self.messages = {str(m.id): m for m in messages}
         self.tree = Tree((key, m.parent_id) for key, m in self.messages.items())
+
+    @classmethod
+    def of(cls, conversation_id: Any) -> History:
+        return cls(statements.messages_of(conversation_id))
 
     def path(self, message_id: Any) -> list[Message]:
         """The messages from the first down to ``message_id``; none for ``None``."""
@@ -105,4 +110,4 @@ class History:
 def path_messages(conversation_id: Any, message_id: Any) -> list[Message]:
     """The messages from the conversation's first down to ``message_id``: the prompt of
     an answer to ``message_id``, nothing from other branches."""
-    return History(conversation_id).path(message_id)
+    return History.of(conversation_id).path(message_id)

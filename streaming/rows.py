@@ -59,14 +59,19 @@ class Reader(Generic[M]):
         self._planning = threading.Lock()
 
     def fetch(self, params: Sequence[Any]) -> list[M]:
-        connection = connections[self.alias]
-        with connection.cursor() as cursor:
+        with connections[self.alias].cursor() as cursor:
             cursor.execute(self.sql, params)
-            columns = [column[0] for column in cursor.description]
-            plan = self._plan
-            if plan is None or plan.columns != columns:
-                plan = self._make_plan(columns)
-            rows = cursor.fetchall()
+            return self.read(cursor)
+
+    def read(self, cursor: Any) -> list[M]:
+        """The instances of the result ``cursor`` holds: ``sql`` executed on it (alone, or
+        with other statements in one round trip)."""
+        connection = connections[self.alias]
+        columns = [column[0] for column in cursor.description]
+        plan = self._plan
+        if plan is None or plan.columns != columns:
+            plan = self._make_plan(columns)
+        rows = cursor.fetchall()
         instances = []
         for row in rows:
             values = list(row)

@@ -41,6 +41,20 @@ def conversation_for(user: Any, conversation_id: Any, *, lock: bool = False) -> 
         raise NotFound("conversation not found") from None
 
 
+def locked_for_post(
+    user: Any, conversation_id: Any, stored_key: str | None
+) -> statements.PostReads:
+    """``statements.post_reads`` for ``user``'s post to ``conversation_id`` (None: a new
+    conversation); ``NotFound`` when it names none of the user's conversations."""
+    try:
+        reads = statements.post_reads(user.pk, conversation_id, stored_key)
+    except _NOTHING:
+        raise NotFound("conversation not found") from None
+    if conversation_id is not None and reads.conversation is None:
+        raise NotFound("conversation not found")
+    return reads
+
+
 def message_for(user: Any, message_id: Any, *, lock: bool = False) -> Message:
     """``lock``: the message's row and its owner's (as ``conversation_for``)."""
     queryset = Message.objects.filter(conversation__owner=user).select_related("conversation")

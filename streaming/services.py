@@ -39,7 +39,7 @@ from streaming.generation import Generation, SegmentPlan
 from streaming.models import Conversation, Message, Segment
 from streaming.params import ParamError, validate_params
 from streaming.runtime import get_runtime
-from streaming.selectors import conversation_for, message_for
+from streaming.selectors import conversation_for, locked_for_post, message_for
 from streaming.storable import UNSTORABLE, is_storable
 from streaming.termination import NATURAL_ENDS, Status
 from streaming.worker import WORKER_ID
@@ -155,7 +155,12 @@ def _check_capacity(user: Any) -> None:
     """Count the user's streaming answers. The caller holds the lock on the user's row
     (taken by the locking read of ``conversation_for`` or ``message_for``, in the same
     transaction), so concurrent requests in different conversations cannot both pass."""
-    if statements.running_answers(user.pk) >= settings.MAX_CONCURRENT_GENERATIONS_PER_USER:
+    _refuse_over_capacity(statements.running_answers(user.pk))
+
+
+def _refuse_over_capacity(running: int) -> None:
+    """``running``: the user's streaming answers, counted under the lock on their row."""
+    if running >= settings.MAX_CONCURRENT_GENERATIONS_PER_USER:
         raise TooManyGenerations(
             f"at most {settings.MAX_CONCURRENT_GENERATIONS_PER_USER} answers may stream at "
             "once; wait for one to end"
@@ -378,15 +383,14 @@ def _create_exchange(
     those (``_replayed``) and no plan."""
     events: list[dict[str, Any]] = []
     with transaction.atomic():
-        if conversation_id is None:
-            # A new conversation, made with its messages or not at all; the owner's row is
-            # locked as conversation_for(lock=True) does, for the limit's count.
-            statements.lock_user(user.pk)
-        else:
-            conversation = conversation_for(user, conversation_id, lock=True)
+        # The owner's row is locked first (with the conversation's), for the limit's count;
+        # a new conversation is made with its messages or not at all.
+        reads = locked_for_post(user, conversation_id, key.stored if key is not None else None)
+        if reads.conversation is not None:
+            conversation = reads.conversation
         # A new conversation has no model of its own yet.
         model = model or (conversation.model if conversation_id else "") or default_model
-        if key is not None and (made := _earlier_request(key)) is not None:
+        if key is not None and (made := reads.keyed) is not None:
             fits = (
                 made.role == asked.role
                 and made.content == asked.content
@@ -399,7 +403,7 @@ def _create_exchange(
             events.append(
                 _event("conversation.created", conversation=str(conversation.id), title="")
             )
-        _check_capacity(user)
+        _refuse_over_capacity(reads.running)
         params = clean_params(raw_params, model)
         # After the branch shown; the conversation's lock orders concurrent posts.
         parent_id = conversation.current_leaf_id
@@ -407,7 +411,7 @@ def _create_exchange(
         history: list[Message] = []
         siblings_before: list[str] = []
         if conversation_id is not None:
-            tree = History(conversation.id)
+            tree = History(reads.messages)
             history = tree.path(parent_id)
             siblings_before = [] if prior else tree.children(parent_id)
             _refuse_streaming_path(history)
@@ -774,7 +778,7 @@ def _create_regeneration(
         _refuse_streaming_branch(old, "regenerate it")
         conversation = old.conversation
         _check_capacity(user)
-        tree = History(conversation.id)
+        tree = History.of(conversation.id)
         prompt = tree.path(old.parent_id)
         _refuse_streaming_path(prompt)
         assistant, plan = _start_answer(user, conversation, prompt, params, model, None, key=key)
@@ -851,7 +855,7 @@ def _create_edit(
         _refuse_streaming_branch(old, "edit it")
         _check_capacity(user)
         conversation = old.conversation
-        tree = History(conversation.id)
+        tree = History.of(conversation.id)
         prompt = tree.path(old.parent_id)
         _refuse_streaming_path(prompt)
         question = _ask(conversation, old.parent_id, content, key=key)

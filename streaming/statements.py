@@ -21,8 +21,10 @@ from its start and needs no row locks.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django.contrib.auth import get_user_model
@@ -262,12 +264,17 @@ def _lock_conversation(alias: str) -> Reader[Conversation]:
     return Reader(Conversation, alias, sql)
 
 
+def _conversation_key(conversation_id: Any, connection: BaseDatabaseWrapper) -> Any:
+    """A conversation id as the database takes it; raises (``ValidationError``) for a
+    malformed one."""
+    return _field(Conversation, "pk").get_db_prep_value(conversation_id, connection)
+
+
 def lock_conversation(user_pk: Any, conversation_id: Any) -> Conversation | None:
     """The user's conversation ``conversation_id`` (a UUID), its row and its owner's
     locked until the transaction ends; ``None`` when the user has no such conversation."""
     alias, connection = _connection(Conversation)
-    key = _field(Conversation, "pk")
-    params = [key.get_db_prep_value(conversation_id, connection), user_pk]
+    params = [_conversation_key(conversation_id, connection), user_pk]
     rows = _lock_conversation(alias).fetch(params)
     return rows[0] if rows else None
 
@@ -281,15 +288,6 @@ def _lock_user_sql(alias: str) -> str:
     if connection.features.has_select_for_update:
         sql += " FOR UPDATE"
     return sql
-
-
-def lock_user(user_pk: Any) -> None:
-    """Lock the user's row until the transaction ends (what every write of theirs that
-    counts their answers takes first)."""
-    alias, connection = _connection(get_user_model())
-    with connection.cursor() as cursor:
-        cursor.execute(_lock_user_sql(alias), [user_pk])
-        cursor.fetchall()
 
 
 @functools.cache
@@ -332,9 +330,7 @@ def _messages(alias: str) -> Reader[Message]:
 def messages_of(conversation_id: Any) -> list[Message]:
     """Every message of a conversation, oldest first, with only ``PROMPT_FIELDS``."""
     alias, connection = _connection(Message)
-    key = _field(Conversation, "pk")
-    params = [key.get_db_prep_value(conversation_id, connection)]
-    return _messages(alias).fetch(params)
+    return _messages(alias).fetch([_conversation_key(conversation_id, connection)])
 
 
 @functools.cache
@@ -353,3 +349,71 @@ def keyed_message(stored_key: str) -> Message | None:
     alias, _ = _connection(Message)
     rows = _keyed(alias).fetch([stored_key])
     return rows[0] if rows else None
+
+
+# --- a post's reads, in one round trip -------------------------------------------------
+@contextlib.contextmanager
+def _one_round_trip(connection: BaseDatabaseWrapper) -> Iterator[None]:
+    """Statements executed inside go to PostgreSQL together and their results come back
+    together when the block ends (psycopg's pipeline mode), each into its own cursor;
+    elsewhere each runs as it is executed. PostgreSQL still runs them one after the
+    other, each from a snapshot of its own, and stops at the first that fails: what a
+    statement reads after a locking read is read once the lock is held."""
+    if not _one_statement(connection):
+        yield
+        return
+    connection.ensure_connection()
+    with connection.wrap_database_errors, connection.connection.pipeline():
+        yield
+
+
+@dataclass(frozen=True, slots=True)
+class PostReads:
+    """What a post reads under the lock it takes first (``post_reads``)."""
+
+    conversation: Conversation | None  # locked; None: a new one, or the user has no such one
+    running: int  # the user's answers streaming now
+    messages: list[Message]  # the conversation's, oldest first (``PROMPT_FIELDS`` only)
+    keyed: Message | None  # the message stored with the request's idempotency key
+
+
+def post_reads(user_pk: Any, conversation_id: Any, stored_key: str | None) -> PostReads:
+    """In a post's transaction: lock the user's conversation ``conversation_id`` and the
+    user's row (only the user's row for a new conversation, ``None``), then count the
+    user's running answers, read the conversation's messages and the message stored
+    with ``stored_key`` (an idempotency key as ``Message.idempotency_key`` holds it;
+    None: the post has none). One round trip on PostgreSQL instead of one per
+    statement, and the transaction's ``BEGIN`` goes with them: the count is exact, as
+    every statement after the lock runs once it is held. The messages are read before
+    the lock's answer is known, and dropped when the user has no such conversation.
+    A malformed ``conversation_id`` raises (``ValidationError``) before any statement."""
+    alias, connection = _connection(Message)
+    new = conversation_id is None
+    key = None if new else _conversation_key(conversation_id, connection)
+    lock = _lock_conversation(alias)
+    messages = _messages(alias)
+    keyed = _keyed(alias)
+    with contextlib.ExitStack() as cursors:
+
+        def execute(sql: str, params: Sequence[Any]) -> Any:
+            cursor = cursors.enter_context(connection.cursor())
+            cursor.execute(sql, params)
+            return cursor
+
+        with _one_round_trip(connection):
+            locked = execute(
+                _lock_user_sql(alias) if new else lock.sql, [user_pk] if new else [key, user_pk]
+            )
+            count = execute(_running_answers_sql(alias), [user_pk, Message.Role.ASSISTANT])
+            read = None if new else execute(messages.sql, [key])
+            found = None if stored_key is None else execute(keyed.sql, [stored_key])
+        conversation = None
+        if not new:
+            rows = lock.read(locked)
+            conversation = rows[0] if rows else None
+        else:
+            locked.fetchall()
+        running = int(count.fetchone()[0])
+        listed = messages.read(read) if read is not None and conversation is not None else []
+        earlier = keyed.read(found) if found is not None else []
+    return PostReads(conversation, running, listed, earlier[0] if earlier else None)

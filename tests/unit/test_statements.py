@@ -3,11 +3,15 @@ database the suite runs on (PostgreSQL in CI, SQLite without ``DATABASE_URL``)."
 
 from __future__ import annotations
 
+import tempfile
+import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
 from django.db import connections, transaction
 from django.db.models import Model
 from django.db.models.signals import post_save, pre_save
@@ -272,3 +276,120 @@ def psycopg_connection() -> Any:
     params = connections["default"].get_connection_params()
     keep = ("dbname", "user", "password", "host", "port")
     return psycopg.connect(autocommit=True, **{k: v for k, v in params.items() if k in keep})
+
+
+def test_a_posts_reads_are_the_lock_count_messages_and_key(conversation: Conversation) -> None:
+    owner = conversation.owner_id
+    question = Message.objects.create(conversation=conversation, role="user", content="q")
+    answer = Message.objects.create(
+        conversation=conversation,
+        parent=question,
+        role="assistant",
+        status=Status.STREAMING,
+        idempotency_key=f"{owner}:k",
+    )
+    with transaction.atomic():
+        reads = statements.post_reads(owner, conversation.id, f"{owner}:k")
+    assert reads.conversation == conversation and reads.conversation.title == "t"
+    assert reads.running == 1
+    assert [(m.id, m.parent_id, m.content) for m in reads.messages] == [
+        (question.id, None, "q"),
+        (answer.id, question.id, ""),
+    ]
+    assert reads.keyed == answer
+    with transaction.atomic():
+        new = statements.post_reads(owner, None, f"{owner}:other")
+    assert (new.conversation, new.running, new.messages, new.keyed) == (None, 1, [], None)
+
+
+def test_a_post_reads_nothing_of_a_conversation_not_the_users(conversation: Conversation) -> None:
+    Message.objects.create(conversation=conversation, role="user", content="secret")
+    other = User.objects.create_user("bob")
+    with transaction.atomic():
+        reads = statements.post_reads(other.pk, conversation.id, None)
+    assert (reads.conversation, reads.running, reads.messages) == (None, 0, [])
+    with pytest.raises(ValidationError), transaction.atomic():
+        statements.post_reads(other.pk, "not-a-uuid", None)
+
+
+def _frontend_syncs(connection: Any, action: Callable[[], Any]) -> int:
+    """How many times the client asked PostgreSQL to answer (a ``Sync`` ends an extended
+    query, a ``Query`` is a simple one) while ``action`` ran: its round trips."""
+    from psycopg import pq
+
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            action()
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        lines = [line.split("\t") for line in trace.read().splitlines()]
+    return sum(1 for line in lines if line[0] == "F" and line[2].strip() in ("Sync", "Query"))
+
+
+@pytest.mark.skipif(
+    connections["default"].vendor != "postgresql", reason="PostgreSQL's round trips"
+)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("key", [None, "1:k"])
+def test_a_posts_reads_go_in_one_round_trip_after_its_begin(key: str | None) -> None:
+    """The lock, the count, the messages and the key's message: one round trip, where
+    they were one each (psycopg still has the transaction's ``BEGIN`` answered first)."""
+    conversation = Conversation.objects.create(owner=User.objects.create_user("cy"), title="t")
+
+    def post() -> None:
+        with transaction.atomic():
+            statements.post_reads(conversation.owner_id, conversation.id, key)
+
+    for _ in range(8):  # and again once the statements are prepared
+        assert _frontend_syncs(connections["default"], post) == 3  # BEGIN, reads, COMMIT
+
+
+@pytest.mark.skipif(connections["default"].vendor != "postgresql", reason="PostgreSQL's row locks")
+@pytest.mark.django_db(transaction=True)
+def test_a_posts_count_is_read_once_its_lock_is_held() -> None:
+    """Read in one round trip, the count still runs after the lock: a post that waited
+    for another transaction of the same user counts the answer that one committed."""
+    conversation = Conversation.objects.create(owner=User.objects.create_user("di"), title="t")
+    owner = conversation.owner_id
+    user_table, conversation_table = User._meta.db_table, Conversation._meta.db_table
+    result: dict[str, Any] = {}
+
+    def post() -> None:
+        try:
+            with transaction.atomic():
+                result["reads"] = statements.post_reads(owner, conversation.id, None)
+        finally:
+            connections.close_all()
+
+    with psycopg_connection() as other:
+        other.execute("BEGIN")
+        # What a post in another conversation of the user's would lock.
+        other.execute(
+            f'SELECT 1 FROM "{conversation_table}" c JOIN "{user_table}" u ON u.id = c.owner_id'
+            " WHERE c.id = %s FOR UPDATE OF c, u",
+            [conversation.id],
+        )
+        other.execute(
+            f'INSERT INTO "{Message._meta.db_table}" (id, conversation_id, owner_id, role,'
+            " content, reasoning, tool_calls, tool_call_id, status, termination, params,"
+            " model, last_seq, created_at, updated_at) VALUES (%s, %s, %s, 'assistant', '',"
+            " '', '[]', '', 'streaming', '{}', '{}', '', 0, now(), now())",
+            [uuid.uuid4(), conversation.id, owner],
+        )
+        waiting = threading.Thread(target=post)
+        waiting.start()
+        with psycopg_connection() as watcher:
+            while not watcher.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE '%%FOR UPDATE%%' AND pid <> pg_backend_pid()"
+            ).fetchone():
+                waiting.join(timeout=0.01)  # poll the server for the waiter: an event
+                assert waiting.is_alive(), "the post did not wait for the lock"
+        other.execute("COMMIT")
+        waiting.join(timeout=30)
+    assert result["reads"].running == 1, "the count saw the answer committed under the lock"
