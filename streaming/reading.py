@@ -1,8 +1,8 @@
 """The read service: one reader of one message's events, the part every transport shares.
 
 A ``Subscription`` replays what the reader missed, follows live, merges everything new
-since the last write into one frame (merge-on-read), spaces writes by
-``MIN_WRITE_INTERVAL``, pauses while the connection's send buffer is over
+since the last write into one frame (merge-on-read), paces writes to one per
+``MIN_WRITE_INTERVAL`` (``Pacing``), pauses while the connection's send buffer is over
 ``SEND_BUFFER_LIMIT`` and gives up on a client that stays over it for
 ``SLOW_CONSUMER_TIMEOUT`` (``SlowConsumer``: the transport closes, the client resumes from
 its cursor). It holds a cursor, never a queue, so per-reader memory does not grow with
@@ -32,6 +32,39 @@ from streaming.termination import FINAL_STATUSES, Status
 DRAIN_POLL = 0.05
 # How long a reader of a just-finished message waits for its `done` to reach the log.
 FINAL_DONE_WAIT = 2.0
+
+
+# Frames a reader may write back to back before pacing holds one back (``Pacing``).
+FRAME_BURST = 2
+
+
+class Pacing:
+    """When a reader's next frame may go: one per ``interval`` on average, up to
+    ``burst`` back to back (the generic cell rate algorithm of ATM networks, as a
+    rate limiter).
+
+    A generation's tokens reach a reader with jitter (a log round trip, the loop's other
+    work), so a stream at about one event per interval brings some of them early: with
+    writes simply spaced by the interval, such a token waited for the rest of it, up to
+    a whole interval of latency and a timer, and nothing was merged into its frame. The
+    burst absorbs that jitter; a stream that stays faster than the interval still gets
+    one frame per interval, each merging what came meanwhile."""
+
+    __slots__ = ("burst_span", "interval", "next_at")
+
+    def __init__(self, interval: float, burst: int = FRAME_BURST) -> None:
+        self.interval = interval
+        self.burst_span = (burst - 1) * interval
+        # When the next frame would be due if every frame went at the average rate.
+        self.next_at = float("-inf")
+
+    def delay(self, now: float) -> float:
+        """How long a frame ready at ``now`` waits (0: it goes at once)."""
+        return max(0.0, self.next_at - self.burst_span - now)
+
+    def wrote(self, now: float) -> None:
+        """A frame went at ``now``."""
+        self.next_at = max(self.next_at, now) + self.interval
 
 
 # What may pad a text cursor (HTTP's optional whitespace around a header's value); not
@@ -191,8 +224,7 @@ class Subscription:
                 source = self.hub.read(
                     message_id, self.cursor, idle_timeout=ping_interval, settled=self.ends_after
                 )
-            min_interval = streaming_settings.MIN_WRITE_INTERVAL
-            last_write = 0.0
+            pacing = Pacing(streaming_settings.MIN_WRITE_INTERVAL)
             async for batch in source:
                 if batch is None:
                     yield None
@@ -207,7 +239,7 @@ class Subscription:
                 merged = events.merge(batch)
                 del batch
                 await self._wait_for_client()
-                wait = last_write + min_interval - time.monotonic()
+                wait = pacing.delay(time.monotonic())
                 if wait > 0 and merged[-1]["type"] == events.DELTA:
                     await asyncio.sleep(wait)
                     # More may have arrived meanwhile: it goes out in this same frame.
@@ -221,7 +253,7 @@ class Subscription:
                 recorded.tokens_delivered.inc(delivered)
                 self.cursor = merged[-1]["seq"]
                 self._observe(merged)
-                last_write = time.monotonic()
+                pacing.wrote(time.monotonic())
                 yield merged
                 if self._ends(merged[-1]):
                     self.ended_status = merged[-1].get("status")

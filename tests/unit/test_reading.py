@@ -18,8 +18,10 @@ from streaming.errors import InvalidCursor, describe
 from streaming.hub import Hub
 from streaming.presence.memory import MemoryPresence
 from streaming.reading import (
+    FRAME_BURST,
     MAX_CURSOR_DIGITS,
     MessageState,
+    Pacing,
     SlowConsumer,
     Subscription,
     has_more,
@@ -498,3 +500,37 @@ async def test_a_long_finished_answer_is_replayed_page_by_page() -> None:
     longest = max(len(e["text"]) for e in logged if e["type"] == events.DELTA)
     for frame in frames:  # a frame merges at most one page of deltas
         assert sum(len(e["text"]) for e in frame if e["type"] == events.DELTA) <= 100 * longest
+
+
+def test_pacing_lets_a_stream_at_the_interval_through_whatever_its_jitter() -> None:
+    """Tokens one interval apart reach a reader early or late by a few ms: none of them
+    waits (spacing each write by the interval held every early one back)."""
+    pacing = Pacing(0.02)
+    for ready in (0.0, 0.019, 0.041, 0.058, 0.083, 0.099, 0.121, 0.139):
+        assert pacing.delay(ready) == 0.0, ready
+        pacing.wrote(ready)
+
+
+def test_pacing_lets_two_frames_go_back_to_back_and_holds_the_third() -> None:
+    pacing = Pacing(0.02)
+    for _ in range(FRAME_BURST):
+        assert pacing.delay(1.0) == 0.0
+        pacing.wrote(1.0)
+    assert pacing.delay(1.0) == pytest.approx(0.02)
+    assert pacing.delay(1.02) == 0.0
+
+
+def test_pacing_gives_a_fast_stream_one_frame_per_interval() -> None:
+    """Events every 2 ms for a second: what is ready while a frame is held goes in the
+    next one, so the reader writes about one frame per interval, not 500."""
+    pacing = Pacing(0.02)
+    frames, held_until = 0, 0.0
+    for step in range(500):
+        now = step * 0.002
+        if now < held_until:
+            continue  # merged into the frame being held
+        wait = pacing.delay(now)
+        held_until = now + wait
+        pacing.wrote(held_until)
+        frames += 1
+    assert 50 <= frames <= 1.0 / 0.02 + FRAME_BURST
