@@ -19,8 +19,11 @@ def _scope(authorization: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def token() -> Token:
+def token(monkeypatch: pytest.MonkeyPatch) -> Token:
+    """A token, and the process's token cache emptied and keeping what it looks up
+    whatever the suite's settings say (the embedded defaults keep nothing)."""
     tokens.cache().clear()
+    monkeypatch.setattr(tokens.cache(), "seconds", 30.0)
     return Token.objects.create(user=User.objects.create_user("caller", password="pw-123456"))
 
 

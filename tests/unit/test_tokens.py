@@ -16,10 +16,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def cache() -> TokenCache:
-    """The process's cache, emptied (the signals act on it)."""
+def cache(monkeypatch: pytest.MonkeyPatch) -> TokenCache:
+    """The process's cache, emptied (the signals act on it), keeping what it looks up
+    whatever the suite's settings say (the embedded defaults keep nothing)."""
     made = tokens.cache()
     made.clear()
+    monkeypatch.setattr(made, "seconds", 30.0)
     return made
 
 
