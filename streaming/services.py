@@ -253,11 +253,14 @@ def _start_answer(
     # The answer describes the message as created: no second read for it.
     assistant._prefetched_objects_cache = {"segments": [segment]}  # type: ignore[attr-defined]
     conversation.current_leaf = assistant
-    statements.insert_then_update(
-        [[*new, assistant], [segment]],
-        conversation,
-        ["title", "title_source", "current_leaf", "updated_at"],
-    )
+    if conversation._state.adding:  # a new conversation: stored with its messages
+        statements.insert_then_update([[conversation], [*new, assistant], [segment]])
+    else:
+        statements.insert_then_update(
+            [[*new, assistant], [segment]],
+            conversation,
+            ["title", "title_source", "current_leaf", "updated_at"],
+        )
     plan = SegmentPlan(
         message_id=str(assistant.id),
         conversation_id=str(conversation.id),
@@ -398,8 +401,8 @@ def _create_exchange(
             )
             return _replayed(key, made, fits, model, clean_params(raw_params, model))
         if conversation_id is None:
+            # Stored with the answer's rows (``_start_answer``), in the same statement.
             conversation = Conversation(owner_id=user.pk)
-            statements.insert([conversation])
             events.append(
                 _event("conversation.created", conversation=str(conversation.id), title="")
             )

@@ -127,22 +127,26 @@ def _one_statement(connection: BaseDatabaseWrapper) -> bool:
     return connection.vendor == "postgresql"
 
 
-def insert_then_update(groups: Sequence[Sequence[Model]], obj: Model, names: Sequence[str]) -> None:
-    """``insert(group)`` for each of ``groups``, then ``update(obj, names)``.
+def insert_then_update(
+    groups: Sequence[Sequence[Model]], obj: Model | None = None, names: Sequence[str] = ()
+) -> None:
+    """``insert(group)`` for each of ``groups``, then ``update(obj, names)`` (none when
+    ``obj`` is None).
 
     On PostgreSQL in one statement, one round trip instead of one per write: the inserts
     are data-modifying CTEs and the update is run beside them. They see one snapshot, so
     ``obj`` must be a row that exists already; the new rows may refer to each other and
-    ``obj`` to them, because Django declares foreign keys ``DEFERRABLE INITIALLY
-    DEFERRED`` there (checked at commit). Elsewhere one statement each, in this order."""
+    ``obj`` to them, in any order, because Django declares foreign keys ``DEFERRABLE
+    INITIALLY DEFERRED`` (checked at commit). Elsewhere one statement each, in this
+    order."""
     groups = [group for group in groups if group]
-    alias, connection = _connection(type(obj))
+    alias, connection = _connection(type(obj) if obj is not None else type(groups[0][0]))
     if not _one_statement(connection):
         for group in groups:
             insert(group)
-        update(obj, names)
+        if obj is not None:
+            update(obj, names)
         return
-    usql, uparams = _update_parts(type(obj), _saved(obj, names), {"pk": obj.pk}, alias)
     ctes, params, reads, returns = [], [], [], []
     for i, group in enumerate(groups):
         sql, group_params, returning = _insert_parts(group, alias)
@@ -153,8 +157,10 @@ def insert_then_update(groups: Sequence[Sequence[Model]], obj: Model, names: Seq
             auto = type(group[0])._meta.auto_field
             assert auto is not None
             reads.append(f"SELECT {i}, {connection.ops.quote_name(auto.column)} FROM w{i}")
-    ctes.append(f"u AS ({usql})")
-    params += uparams
+    if obj is not None:
+        usql, uparams = _update_parts(type(obj), _saved(obj, names), {"pk": obj.pk}, alias)
+        ctes.append(f"u AS ({usql})")
+        params += uparams
     main = " UNION ALL ".join(reads) if reads else "SELECT NULL, NULL"
     with connection.cursor() as cursor:
         cursor.execute(f"WITH {', '.join(ctes)} {main}", params)

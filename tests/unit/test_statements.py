@@ -200,6 +200,27 @@ def test_inserts_then_an_update_store_what_the_separate_statements_store(
     assert {**stored(again_answer), "parent_id": question.id} == stored(answer)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_new_conversation_is_stored_with_its_messages_in_one_statement() -> None:
+    """A conversation that starts with a post is inserted beside its messages, its leaf
+    naming an answer inserted in the same statement (the keys are checked at commit)."""
+    owner = User.objects.create_user("eve")
+    conversation = Conversation(owner=owner, title="new")
+    question = Message(conversation=conversation, role=Message.Role.USER, content="q")
+    answer = Message(conversation=conversation, parent=question, role=Message.Role.ASSISTANT)
+    segment = Segment(message=answer, index=0, first_seq=1, worker="w")
+    conversation.current_leaf = answer
+    with CaptureQueriesContext(connections["default"]) as queries, transaction.atomic():
+        statements.insert_then_update([[conversation], [question, answer], [segment]])
+    if connections["default"].vendor == "postgresql":
+        assert _statements(queries.captured_queries) == 3, "BEGIN, the writes, COMMIT"
+    back = Conversation.objects.get(pk=conversation.pk)
+    assert (back.title, back.owner_id, back.current_leaf_id) == ("new", owner.pk, answer.id)
+    assert back.created_at is not None and back.updated_at is not None
+    assert [m.owner_id for m in Message.objects.filter(conversation=back)] == [owner.pk] * 2
+    assert not conversation._state.adding and segment.pk == Segment.objects.get().pk
+
+
 def _steps(answer: Message, conversation: Conversation, index: int) -> list[statements.Step]:
     return [
         (Segment, {"status": Status.COMPLETE}, {"message_id": answer.id, "index": index}),
