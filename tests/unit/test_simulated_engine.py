@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from streaming.detokenize import Detokenizer
+from streaming.engines import simulated
 from streaming.engines.base import ChatTurn, EngineChunk, EngineError, EngineRequest, ModelInfo
 from streaming.engines.simulated import CORPUS, SimulatedEngine, validate_simulation
 from streaming.shape import has_unclosed_code_block, json_validity
@@ -201,21 +202,54 @@ async def test_aclose_between_tokens_stops_the_stream() -> None:
     assert asyncio.all_tasks() == {asyncio.current_task()}
 
 
-async def test_timing_follows_ttft_and_rate_without_drift() -> None:
+class VirtualClock:
+    """The running loop's clock, advanced by the engine's sleeps instead of waited on:
+    the schedule a run follows, exactly, whatever else the machine is doing."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        loop = asyncio.get_running_loop()
+        self.start = self.now = loop.time()
+        monkeypatch.setattr(loop, "time", lambda: self.now)
+        monkeypatch.setattr(simulated.asyncio, "sleep", self.sleep)
+
+    async def sleep(self, delay: float) -> None:
+        self.now += max(delay, 0.0)
+
+    async def run(self, request: EngineRequest, late: dict[int, float]) -> list[float]:
+        """When each chunk came, with the consumer busy for ``late[i]`` seconds after
+        chunk ``i``."""
+        times = []
+        async for _chunk in SimulatedEngine().stream(request):
+            times.append(self.now - self.start)
+            self.now += late.get(len(times) - 1, 0.0)
+        return times
+
+
+async def test_timing_follows_ttft_and_rate_without_drift(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first token at the time to first token, token k k gaps later give or take its
+    jitter; a consumer 50 ms late at token 10 gets the tokens due meanwhile at once and
+    the rest on the same schedule (lateness does not shift it)."""
+    clock = VirtualClock(monkeypatch)
     request = make_request(simulation={"ttft_ms": 40, "tokens_per_second": 500, "length": 50})
-    started = time.time()
-    chunks = await collect(request)
-    stamps = [chunk.emitted_at or 0.0 for chunk in chunks]
-    assert stamps[0] - started >= 0.039
-    span = stamps[-1] - stamps[0]
-    assert 49 / 500 * 0.85 <= span < 49 / 500 + 0.3
-    assert stamps == sorted(stamps)
+    times = await clock.run(request, late={10: 0.05})
+    gap, jitter = 1 / 500, SimulatedEngine().jitter / 2
+    assert len(times) == 50 and times == sorted(times)
+    assert times[0] == pytest.approx(0.040)
+    back = times[10] + 0.05
+    for k, at in enumerate(times):
+        due = 0.040 + k * gap
+        if k > 10 and due + gap * jitter < back:
+            assert at == pytest.approx(back), f"{k}: due while the consumer was away"
+        else:
+            assert abs(at - due) <= gap * jitter + 1e-9, f"{k}: on its schedule"
+    # Not 50 ms behind it: the lateness was caught up, not carried.
+    assert abs(times[-1] - (0.040 + 49 * gap)) <= gap * jitter + 1e-9
 
 
-async def test_slow_start_delays_the_first_token() -> None:
-    started = time.time()
-    chunks = await collect(make_request(simulation={"slow_start_ms": 40, "length": 1}))
-    assert (chunks[0].emitted_at or 0.0) - started >= 0.039
+async def test_slow_start_delays_the_first_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = VirtualClock(monkeypatch)
+    request = make_request(simulation={"slow_start_ms": 40, "length": 1})
+    assert (await clock.run(request, late={}))[0] == pytest.approx(0.040)
 
 
 async def test_models_and_health() -> None:
