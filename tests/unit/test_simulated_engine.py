@@ -188,7 +188,8 @@ async def test_cancel_while_waiting_for_the_first_token_is_prompt() -> None:
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert time.monotonic() - started < 0.5
+    # Far below the 60 s the first token was due in, whatever the machine's load.
+    assert time.monotonic() - started < 30, "the cancel waited for the first token"
     assert asyncio.all_tasks() == {asyncio.current_task()}  # nothing left running
 
 
