@@ -389,10 +389,11 @@ def post_reads(user_pk: Any, conversation_id: Any, stored_key: str | None) -> Po
     user's running answers, read the conversation's messages and the message stored
     with ``stored_key`` (an idempotency key as ``Message.idempotency_key`` holds it;
     None: the post has none). One round trip on PostgreSQL instead of one per
-    statement, and the transaction's ``BEGIN`` goes with them: the count is exact, as
-    every statement after the lock runs once it is held. The messages are read before
-    the lock's answer is known, and dropped when the user has no such conversation.
-    A malformed ``conversation_id`` raises (``ValidationError``) before any statement."""
+    statement (psycopg has the transaction's ``BEGIN`` answered before it, on its own);
+    the count stays exact, as every statement after the lock runs once it is held. The
+    messages are read before the lock's answer is known, and dropped when the user has
+    no such conversation. A malformed ``conversation_id`` raises (``ValidationError``)
+    before any statement."""
     alias, connection = _connection(Message)
     new = conversation_id is None
     key = None if new else _conversation_key(conversation_id, connection)
