@@ -397,9 +397,7 @@ def post_reads(user_pk: Any, conversation_id: Any, stored_key: str | None) -> Po
     alias, connection = _connection(Message)
     new = conversation_id is None
     key = None if new else _conversation_key(conversation_id, connection)
-    lock = _lock_conversation(alias)
-    messages = _messages(alias)
-    keyed = _keyed(alias)
+    lock, messages, keyed = _lock_conversation(alias), _messages(alias), _keyed(alias)
     with contextlib.ExitStack() as cursors:
 
         def execute(sql: str, params: Sequence[Any]) -> Any:
@@ -408,18 +406,15 @@ def post_reads(user_pk: Any, conversation_id: Any, stored_key: str | None) -> Po
             return cursor
 
         with _one_round_trip(connection):
-            locked = execute(
-                _lock_user_sql(alias) if new else lock.sql, [user_pk] if new else [key, user_pk]
-            )
+            if new:
+                execute(_lock_user_sql(alias), [user_pk])
+            else:
+                locked = execute(lock.sql, [key, user_pk])
             count = execute(_running_answers_sql(alias), [user_pk, Message.Role.ASSISTANT])
             read = None if new else execute(messages.sql, [key])
             found = None if stored_key is None else execute(keyed.sql, [stored_key])
-        conversation = None
-        if not new:
-            rows = lock.read(locked)
-            conversation = rows[0] if rows else None
-        else:
-            locked.fetchall()
+        rows = [] if new else lock.read(locked)
+        conversation = rows[0] if rows else None
         running = int(count.fetchone()[0])
         listed = messages.read(read) if read is not None and conversation is not None else []
         earlier = keyed.read(found) if found is not None else []
