@@ -67,11 +67,12 @@ class Reader(Generic[M]):
         """The instances of the result ``cursor`` holds: ``sql`` executed on it (alone, or
         with other statements in one round trip)."""
         connection = connections[self.alias]
+        # Rows first: in a pipeline, fetching is what brings the result (and its columns).
+        rows = cursor.fetchall()
         columns = [column[0] for column in cursor.description]
         plan = self._plan
         if plan is None or plan.columns != columns:
             plan = self._make_plan(columns)
-        rows = cursor.fetchall()
         instances = []
         for row in rows:
             values = list(row)

@@ -234,12 +234,15 @@ def _start_answer(
     *,
     new: tuple[Message, ...] = (),
     key: IdempotencyKey | None = None,
+    write: statements.Write = statements.insert_then_update,
 ) -> tuple[Message, SegmentPlan]:
     """The streaming answer to the last message of ``prompt`` (the path down to the
     message it answers), made the conversation's current leaf; ``model`` answers it.
     ``new``: messages not stored yet (the question, earlier turns), written with the
     answer in one statement. ``key``: the request's, when the answer is the first thing
-    it makes (a regeneration). Inside the caller's transaction."""
+    it makes (a regeneration). ``write`` stores the rows (the caller's transaction may
+    hold them back for its ``COMMIT``: ``statements.creating_transaction``). Inside the
+    caller's transaction."""
     assistant = Message(
         conversation=conversation,
         parent=prompt[-1],
@@ -254,9 +257,9 @@ def _start_answer(
     assistant._prefetched_objects_cache = {"segments": [segment]}  # type: ignore[attr-defined]
     conversation.current_leaf = assistant
     if conversation._state.adding:  # a new conversation: stored with its messages
-        statements.insert_then_update([[conversation], [*new, assistant], [segment]])
+        write([[conversation], [*new, assistant], [segment]])
     else:
-        statements.insert_then_update(
+        write(
             [[*new, assistant], [segment]],
             conversation,
             ["title", "title_source", "current_leaf", "updated_at"],
@@ -385,7 +388,7 @@ def _create_exchange(
     another engine's). With ``key``, a retry of a request that made its messages gets
     those (``_replayed``) and no plan."""
     events: list[dict[str, Any]] = []
-    with transaction.atomic():
+    with statements.creating_transaction() as tx:
         # The owner's row is locked first (with the conversation's), for the limit's count;
         # a new conversation is made with its messages or not at all.
         reads = locked_for_post(user, conversation_id, key.stored if key is not None else None)
@@ -458,6 +461,7 @@ def _create_exchange(
             model,
             grace,
             new=(*earlier, user_message),
+            write=tx.write,
         )
         _notify(user.pk, *events, _created(user_message, assistant))
         siblings = {

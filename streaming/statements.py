@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from django.contrib.auth import get_user_model
 from django.db import connections, router, transaction
@@ -127,6 +127,14 @@ def _one_statement(connection: BaseDatabaseWrapper) -> bool:
     return connection.vendor == "postgresql"
 
 
+class Write(Protocol):
+    """``insert_then_update``'s signature: what stores an answer's rows."""
+
+    def __call__(
+        self, groups: Sequence[Sequence[Model]], obj: Model | None = None, names: Sequence[str] = ()
+    ) -> None: ...
+
+
 def insert_then_update(
     groups: Sequence[Sequence[Model]], obj: Model | None = None, names: Sequence[str] = ()
 ) -> None:
@@ -139,6 +147,16 @@ def insert_then_update(
     ``obj`` to them, in any order, because Django declares foreign keys ``DEFERRABLE
     INITIALLY DEFERRED`` (checked at commit). Elsewhere one statement each, in this
     order."""
+    _start_insert_then_update(groups, obj, names)(True)
+
+
+def _start_insert_then_update(
+    groups: Sequence[Sequence[Model]], obj: Model | None, names: Sequence[str]
+) -> Callable[[bool], None]:
+    """``insert_then_update`` up to its statement's execution; the call it returns reads
+    the automatic keys back and marks the rows stored (``False``: the transaction did
+    not commit, nothing is marked). Inside a pipeline the statement is only queued until
+    then (``creating_transaction``)."""
     groups = [group for group in groups if group]
     alias, connection = _connection(type(obj) if obj is not None else type(groups[0][0]))
     if not _one_statement(connection):
@@ -146,7 +164,7 @@ def insert_then_update(
             insert(group)
         if obj is not None:
             update(obj, names)
-        return
+        return _nothing
     ctes, params, reads, returns = [], [], [], []
     for i, group in enumerate(groups):
         sql, group_params, returning = _insert_parts(group, alias)
@@ -162,11 +180,26 @@ def insert_then_update(
         ctes.append(f"u AS ({usql})")
         params += uparams
     main = " UNION ALL ".join(reads) if reads else "SELECT NULL, NULL"
-    with connection.cursor() as cursor:
+    cursor = connection.cursor()
+    try:
         cursor.execute(f"WITH {', '.join(ctes)} {main}", params)
-        rows = cursor.fetchall() if reads else []
-    for i, group in enumerate(groups):
-        _inserted(group, alias, [key for at, key in rows if at == i] if returns[i] else None)
+    except BaseException:
+        cursor.close()
+        raise
+
+    def stored(committed: bool) -> None:
+        with cursor:
+            rows = cursor.fetchall() if reads and committed else []
+        if committed:
+            for i, group in enumerate(groups):
+                keys = [key for at, key in rows if at == i] if returns[i] else None
+                _inserted(group, alias, keys)
+
+    return stored
+
+
+def _nothing(committed: bool) -> None:
+    pass
 
 
 @functools.cache
@@ -369,7 +402,15 @@ def _one_round_trip(connection: BaseDatabaseWrapper) -> Iterator[None]:
         yield
         return
     connection.ensure_connection()
-    with connection.wrap_database_errors, connection.connection.pipeline():
+    from psycopg import pq
+
+    raw = connection.connection
+    if raw.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        # Already in a pipeline (``creating_transaction``): the statements join what it
+        # holds (its ``BEGIN``), and reading the first result sends them all.
+        yield
+        return
+    with connection.wrap_database_errors, raw.pipeline():
         yield
 
 
@@ -389,7 +430,8 @@ def post_reads(user_pk: Any, conversation_id: Any, stored_key: str | None) -> Po
     user's running answers, read the conversation's messages and the message stored
     with ``stored_key`` (an idempotency key as ``Message.idempotency_key`` holds it;
     None: the post has none). One round trip on PostgreSQL instead of one per
-    statement (psycopg has the transaction's ``BEGIN`` answered before it, on its own);
+    statement, with the transaction's ``BEGIN`` in ``creating_transaction`` (in
+    Django's ``atomic`` alone, psycopg has the ``BEGIN`` answered first, on its own);
     the count stays exact, as every statement after the lock runs once it is held. The
     messages are read before the lock's answer is known, and dropped when the user has
     no such conversation. A malformed ``conversation_id`` raises (``ValidationError``)
@@ -419,3 +461,70 @@ def post_reads(user_pk: Any, conversation_id: Any, stored_key: str | None) -> Po
         listed = messages.read(read) if read is not None and conversation is not None else []
         earlier = keyed.read(found) if found is not None else []
     return PostReads(conversation, running, listed, earlier[0] if earlier else None)
+
+
+# --- a post's transaction, in two round trips -------------------------------------------
+class CreatingTransaction:
+    """The transaction ``creating_transaction`` opens: ``write`` stores rows as
+    ``insert_then_update`` does. In its pipeline the write's statement is queued, to go
+    with the ``COMMIT``, and its rows are marked stored (their automatic keys read back)
+    once the transaction has committed; elsewhere it runs at once."""
+
+    def __init__(self, pipelined: bool) -> None:
+        self.pipelined = pipelined
+        self._stored: list[Callable[[bool], None]] = []
+
+    def write(
+        self, groups: Sequence[Sequence[Model]], obj: Model | None = None, names: Sequence[str] = ()
+    ) -> None:
+        stored = _start_insert_then_update(groups, obj, names)
+        if self.pipelined:
+            self._stored.append(stored)
+        else:
+            stored(True)
+
+    def _ended(self, committed: bool) -> None:
+        stored, self._stored = self._stored, []
+        for done in stored:
+            done(committed)
+
+
+@contextlib.contextmanager
+def creating_transaction() -> Iterator[CreatingTransaction]:
+    """``transaction.atomic()`` for a post, in two round trips on PostgreSQL: the
+    ``BEGIN`` goes with the first statements the block runs (``post_reads``), and the
+    ``COMMIT`` with the writes (``CreatingTransaction.write``), where psycopg sends each
+    on its own (Django's ``atomic`` has psycopg begin the transaction, and psycopg has a
+    ``BEGIN`` answered before it sends anything else). Django's block stays open around
+    it, so ``on_commit`` callbacks run once the ``COMMIT`` has succeeded and an error
+    anywhere rolls everything back: the statements run in psycopg's autocommit mode
+    inside an explicit ``BEGIN``, and the connection is back in Django's state
+    (autocommit off, no transaction) before Django's block ends, which then commits or
+    rolls back nothing at the server. Nested in another transaction (a test's), or on
+    SQLite, it is ``atomic()`` and writes run at once."""
+    alias, connection = _connection(Message)
+    outermost = not connection.in_atomic_block
+    with transaction.atomic(using=alias):
+        if not (outermost and _one_statement(connection)):
+            yield CreatingTransaction(pipelined=False)
+            return
+        from psycopg.pq import TransactionStatus
+
+        raw = connection.connection
+        tx = CreatingTransaction(pipelined=True)
+        raw.autocommit = True  # idle: Django's atomic has sent nothing yet
+        committed = False
+        try:
+            with connection.wrap_database_errors, raw.pipeline():
+                raw.execute(b"BEGIN", prepare=False)
+                yield tx
+                raw.execute(b"COMMIT", prepare=False)
+            committed = True
+        finally:
+            tx._ended(committed)
+            status = raw.info.transaction_status
+            if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+                with connection.wrap_database_errors:
+                    raw.rollback()
+            if raw.info.transaction_status == TransactionStatus.IDLE:
+                raw.autocommit = False  # as Django's atomic left it

@@ -3,6 +3,7 @@ database the suite runs on (PostgreSQL in CI, SQLite without ``DATABASE_URL``)."
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import threading
 import uuid
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import Model
 from django.db.models.signals import post_save, pre_save
 from django.test.utils import CaptureQueriesContext
@@ -333,9 +334,9 @@ def test_a_post_reads_nothing_of_a_conversation_not_the_users(conversation: Conv
         statements.post_reads(other.pk, "not-a-uuid", None)
 
 
-def _frontend_syncs(connection: Any, action: Callable[[], Any]) -> int:
-    """How many times the client asked PostgreSQL to answer (a ``Sync`` ends an extended
-    query, a ``Query`` is a simple one) while ``action`` ran: its round trips."""
+def _round_trips(connection: Any, action: Callable[[], Any]) -> int:
+    """How many times the client waited for PostgreSQL while ``action`` ran: in libpq's
+    trace of the protocol, each run of the client's messages answered by the server's."""
     from psycopg import pq
 
     connection.ensure_connection()
@@ -348,8 +349,8 @@ def _frontend_syncs(connection: Any, action: Callable[[], Any]) -> int:
         finally:
             pgconn.untrace()
         trace.seek(0)
-        lines = [line.split("\t") for line in trace.read().splitlines()]
-    return sum(1 for line in lines if line[0] == "F" and line[2].strip() in ("Sync", "Query"))
+        senders = [line.split("\t")[0] for line in trace.read().splitlines() if line]
+    return sum(1 for pair in itertools.pairwise(senders) if pair == ("F", "B"))
 
 
 @pytest.mark.skipif(
@@ -367,7 +368,7 @@ def test_a_posts_reads_go_in_one_round_trip_after_its_begin(key: str | None) -> 
             statements.post_reads(conversation.owner_id, conversation.id, key)
 
     for _ in range(8):  # and again once the statements are prepared
-        assert _frontend_syncs(connections["default"], post) == 3  # BEGIN, reads, COMMIT
+        assert _round_trips(connections["default"], post) == 3  # BEGIN, reads, COMMIT
 
 
 @pytest.mark.skipif(connections["default"].vendor != "postgresql", reason="PostgreSQL's row locks")
@@ -414,3 +415,129 @@ def test_a_posts_count_is_read_once_its_lock_is_held() -> None:
         other.execute("COMMIT")
         waiting.join(timeout=30)
     assert result["reads"].running == 1, "the count saw the answer committed under the lock"
+
+
+def _answer_rows(conversation: Conversation) -> tuple[Message, Message, Segment]:
+    question = Message(conversation=conversation, role="user", content="q")
+    answer = Message(
+        conversation=conversation, parent=question, role="assistant", status=Status.STREAMING
+    )
+    return question, answer, Segment(message=answer, index=0, first_seq=1, worker="w")
+
+
+def _post(owner: Any, conversation: Conversation, then: Callable[[], Any] = lambda: None) -> Any:
+    """A post's statements in its transaction: the reads, the writes, ``then``."""
+    with statements.creating_transaction() as tx:
+        reads = statements.post_reads(owner, conversation.id, None)
+        question, answer, segment = _answer_rows(reads.conversation or conversation)
+        tx.write([[question, answer], [segment]], conversation, ["updated_at"])
+        then()
+    return question, answer, segment
+
+
+def _idle_in_autocommit() -> None:
+    """The connection is as Django keeps it outside a transaction, and it works."""
+    connection = connections["default"]
+    assert connection.get_autocommit() and not connection.in_atomic_block
+    if connection.vendor == "postgresql":
+        from psycopg.pq import TransactionStatus
+
+        raw = connection.connection
+        assert raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
+    assert Conversation.objects.count() >= 1
+
+
+@pytest.mark.skipif(
+    connections["default"].vendor != "postgresql", reason="PostgreSQL's round trips"
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_post_is_two_round_trips_and_commits() -> None:
+    """``BEGIN`` with the reads, the writes with ``COMMIT``: two round trips where psycopg
+    under Django's ``atomic`` needs four (each of ``BEGIN`` and ``COMMIT`` on its own)."""
+    conversation = Conversation.objects.create(owner=User.objects.create_user("ed"), title="t")
+    made: list[Any] = []
+    for _ in range(8):  # and again once the statements are prepared
+        count = _round_trips(
+            connections["default"], lambda: made.append(_post(conversation.owner_id, conversation))
+        )
+        assert count == 2
+    _idle_in_autocommit()
+    *_, segment = made[-1]
+    assert segment.pk is not None and not segment._state.adding, "its key read back"
+    with psycopg_connection() as other:  # committed: another connection sees the rows
+        seen = other.execute(
+            f'SELECT count(*) FROM "{Segment._meta.db_table}" WHERE id = %s', [segment.pk]
+        ).fetchone()
+    assert seen == (1,)
+    assert Message.objects.filter(conversation=conversation).count() == 16
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_post_refused_after_its_writes_leaves_nothing(conversation: Conversation) -> None:
+    def refuse() -> None:
+        raise RuntimeError("refused")
+
+    with pytest.raises(RuntimeError):
+        _post(conversation.owner_id, conversation, then=refuse)
+    assert not Message.objects.exists() and not Segment.objects.exists()
+    _idle_in_autocommit()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_post_whose_write_fails_raises_djangos_error_and_leaves_nothing(
+    conversation: Conversation,
+) -> None:
+    taken = Message.objects.create(conversation=conversation, role="user", content="first")
+    with pytest.raises(IntegrityError), statements.creating_transaction() as tx:
+        statements.post_reads(conversation.owner_id, conversation.id, None)
+        question, answer, segment = _answer_rows(conversation)
+        question.id = taken.id  # the primary key of a stored message
+        tx.write([[question, answer], [segment]])
+    assert list(Message.objects.values_list("content", flat=True)) == ["first"]
+    assert not Segment.objects.exists() and segment._state.adding
+    _idle_in_autocommit()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_posts_on_commit_callbacks_run_once_it_committed(conversation: Conversation) -> None:
+    seen: list[int] = []
+
+    def count_from_elsewhere() -> None:
+        # Django's own connection is this thread's: ask another one what is committed.
+        with ThreadedCount() as counted:
+            seen.append(counted)
+
+    _post(
+        conversation.owner_id,
+        conversation,
+        then=lambda: transaction.on_commit(count_from_elsewhere),
+    )
+    assert seen == [2]
+
+
+class ThreadedCount:
+    """The messages another thread (its own connection) sees: what is committed."""
+
+    def __enter__(self) -> int:
+        result: list[int] = []
+
+        def count() -> None:
+            try:
+                result.append(Message.objects.count())
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=count)
+        thread.start()
+        thread.join(timeout=30)
+        return result[0]
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+
+def test_a_post_inside_another_transaction_writes_at_once(conversation: Conversation) -> None:
+    """Nested (here in the test's transaction): a savepoint, the writes run as they come."""
+    *_, segment = _post(conversation.owner_id, conversation)
+    assert segment.pk is not None
+    assert Message.objects.filter(conversation=conversation).count() == 2
