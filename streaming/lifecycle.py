@@ -6,9 +6,10 @@ flush, reaper, the control listener) and installs the SIGTERM handler: stop acce
 let running generations finish up to ``SHUTDOWN_DEADLINE``, interrupt the rest, give
 attached readers ``SHUTDOWN_READER_FLUSH`` to send their last events, let the transports
 close their connections (``on_drained``; the ASGI entry point adds the WebSocket
-consumers' close with 1001), then call the server's stop hooks (``on_stopped``; the ASGI
-entry point adds the one for Daphne). Stopping the server drops whatever is still open,
-so whatever a client must be told goes out before.
+consumers' close with 1001), hand the database threads' connections back, then call
+the server's stop hooks (``on_stopped``; the ASGI entry point adds the one for Daphne).
+Stopping the server drops whatever is still open, so whatever a client must be told goes
+out before.
 """
 
 from __future__ import annotations
@@ -146,6 +147,8 @@ class Lifecycle:
             except Exception:
                 log.exception("a shutdown hook failed")
         await self.control.stop()
+        # The database threads hand their connections back (a flush may still be ending).
+        await asyncio.to_thread(database.release)
         await asyncio.sleep(0.1)  # one more turn for the transports to flush their buffers
         for stop in self.on_stopped:
             stop()

@@ -31,6 +31,16 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+@pytest.fixture(autouse=True)
+def _database_threads_released() -> Iterator[None]:
+    """No database thread keeps a connection past its test (``streaming.database``): the
+    database is flushed after it and dropped at the end."""
+    yield
+    from streaming import database
+
+    database.release()
+
+
 @dataclass
 class Account:
     username: str

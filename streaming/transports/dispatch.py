@@ -5,7 +5,7 @@ message a consumer handles (each WebSocket frame, the connect, the disconnect): 
 request that is the process's one thread-sensitive thread, so the frames of every socket
 of the process queue behind each other there, and each costs two thread handoffs. The
 ORM is never used on that thread here: a consumer's database work goes through
-``streaming.database.run``, whose threads close their connections after every call. So
+``streaming.database.run``, whose threads look after their connections themselves. So
 the streaming consumers dispatch without that call; what a handler does is unchanged.
 
 Without a channel layer (none is configured) a consumer has one source of messages, its
