@@ -33,12 +33,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True)
 def _database_threads_released() -> Iterator[None]:
-    """No database thread keeps a connection past its test (``streaming.database``): the
-    database is flushed after it and dropped at the end."""
+    """No thread keeps a database connection past its test: the database is flushed after
+    it and dropped at the end, which a connection still open would refuse. The product's
+    database threads (``streaming.database``) hand theirs back, and so does the one thread
+    asgiref runs a test's own ``sync_to_async`` calls in."""
     yield
+    from asgiref.sync import SyncToAsync
+    from django.db import connections
+
     from streaming import database
 
     database.release()
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result()
 
 
 @dataclass
