@@ -41,8 +41,16 @@ class Relay:
             except OSError:
                 client.close()
                 continue
+            # Checked again and recorded under the lock ``cut`` takes: a connection
+            # accepted while a cut is made is either closed by it or refused here.
             with self.lock:
-                self.open.update((client, upstream))
+                refused = self.refusing.is_set()
+                if not refused:
+                    self.open.update((client, upstream))
+            if refused:
+                client.close()
+                upstream.close()
+                continue
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 
@@ -65,9 +73,9 @@ class Relay:
 
     def cut(self) -> None:
         """Drop every connection now and refuse new ones until ``restore``."""
-        self.refusing.set()
-        self.cuts += 1
         with self.lock:
+            self.refusing.set()
+            self.cuts += 1
             victims = list(self.open)
         for sock in victims:
             self._close(sock)
