@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,48 @@ from playwright.sync_api import BrowserContext, Locator, Page, expect
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
+
+# The newest lines a page's journal keeps: enough for a few answers' requests and retries.
+JOURNAL_LINES = 500
+
+# The page's EventSources say in its console how each connection went (opened, its first
+# event, its `done`, errors, closed by the page): a stream that never ends in a failed test
+# shows where it stopped.
+TRACE_EVENT_SOURCES = """(() => {
+  const Native = window.EventSource;
+  window.EventSource = class extends Native {
+    constructor(url, init) {
+      super(url, init);
+      const say = (what) =>
+        console.debug(`at ${Math.round(performance.now())} ms EventSource ${url}: ${what}`);
+      let first = true;
+      const seen = (e) => {
+        if (first || e.type === "done") say(`${e.type} ${e.data.slice(0, 120)}`);
+        first = false;
+      };
+      for (const type of ["start", "delta", "reasoning", "tool_call", "done"]) {
+        this.addEventListener(type, seen);
+      }
+      this.addEventListener("open", () => say("open"));
+      this.addEventListener("error", (e) => {
+        if (typeof e.data === "string") say(`error ${e.data}`);
+        else say(`connection error, readyState ${this.readyState}`);
+      });
+      this.say = say;
+    }
+    close() {
+      this.say("closed by the page");
+      super.close();
+    }
+  };
+})();"""
+
+# Every message the page shows, as its bubble says it: for a failed test's report.
+SHOWN_MESSAGES = """() => [...document.querySelectorAll("article.message")].map((node) => ({
+  ...node.dataset,
+  state: node.querySelector(".stream-state")?.textContent ?? null,
+  text: (node.querySelector(".content")?.innerText ?? "").slice(0, 200),
+}))"""
 
 
 def paragraphs(count: int) -> str:
@@ -29,8 +72,48 @@ class ChatPage:
         self.page: Page = context.new_page()
         self.errors: list[str] = []
         self.dialogs: list[str] = []
-        self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
-        self.page.on("dialog", self._dialog)
+        # What the page did, in order, for a failed test's report (``report``): the page's
+        # errors and console, every request but static files' and how it ended, every
+        # WebSocket. Each line's time is when the test received it: Playwright delivers a
+        # page's events while the test is in one of its calls (the EventSources' own lines
+        # carry the page's clock).
+        self.journal: deque[str] = deque(maxlen=JOURNAL_LINES)
+        self.opened_at = time.monotonic()
+        page = self.page
+        page.on("pageerror", self._page_error)
+        page.on("dialog", self._dialog)
+        page.on("console", lambda m: self.note(f"console {m.type}: {m.text}"))
+        page.on("request", lambda r: self._request(f"request {r.method}", r))
+        page.on("requestfinished", lambda r: self._request("finished", r))
+        page.on("requestfailed", lambda r: self._request(f"failed ({r.failure})", r))
+        page.on("websocket", self._websocket)
+        page.add_init_script(TRACE_EVENT_SOURCES)
+
+    def note(self, line: str) -> None:
+        """Add a line to the journal (a test marks its own steps, a cut, with it too)."""
+        self.journal.append(f"{time.monotonic() - self.opened_at:9.3f} {line}")
+
+    def _page_error(self, exc: Any) -> None:
+        self.errors.append(str(exc))
+        self.note(f"page error: {exc}")
+
+    def _request(self, what: str, request: Any) -> None:
+        if "/static/" not in request.url:
+            self.note(f"{what} {request.url}")
+
+    def _websocket(self, socket: Any) -> None:
+        self.note(f"websocket {socket.url}")
+        socket.on("close", lambda _: self.note(f"websocket closed {socket.url}"))
+
+    def report(self) -> str:
+        """The page's errors, what it shows and its journal, for a failed test."""
+        try:
+            shown = json.dumps(self.page.evaluate(SHOWN_MESSAGES), indent=1)
+        except Exception as exc:  # the page may be what failed
+            shown = f"(not readable: {exc})"
+        return "\n".join(
+            [f"page errors: {self.errors}", f"messages shown: {shown}", "journal:", *self.journal]
+        )
 
     def _dialog(self, dialog: Any) -> None:
         self.dialogs.append(dialog.message)

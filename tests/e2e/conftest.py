@@ -19,6 +19,21 @@ from tests.e2e.relay import Relay
 # Streams in these tests last a few seconds; the margins are for a loaded machine.
 expect.set_options(timeout=20_000)
 
+# The pages a test opened, for its report when it fails.
+PAGES = pytest.StashKey[list[ChatPage]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test's report carries each page's errors, messages and journal: a failure
+    seen once under load is explained by what the page did, not rerun until it shows."""
+    report = yield
+    if report.when == "call" and report.failed:
+        pages: list[ChatPage] = item.stash.get(PAGES, [])
+        for number, chat in enumerate(pages, 1):
+            report.sections.append((f"chat page {number}", chat.report()))
+    return report
+
 
 @pytest.fixture
 def chromium() -> Iterator[Any]:
@@ -47,13 +62,14 @@ def relay_factory() -> Iterator[Callable[[int], Relay]]:
 
 
 @pytest.fixture
-def open_chat(daphne, account, chromium) -> Iterator[Callable[..., ChatPage]]:
+def open_chat(request, daphne, account, chromium) -> Iterator[Callable[..., ChatPage]]:
     """``open_chat(server=None, base_url=None, viewport=None, **context options)``: a
     logged-in chat page (``is_mobile=True, has_touch=True`` for a phone).
 
     The argument order matters: the user exists before Chromium starts (module docstring).
     """
     contexts: list[Any] = []
+    pages = request.node.stash.setdefault(PAGES, [])
 
     def open_(
         server: Any = None,
@@ -68,6 +84,7 @@ def open_chat(daphne, account, chromium) -> Iterator[Callable[..., ChatPage]]:
         context.set_default_timeout(45_000)
         contexts.append(context)
         chat = ChatPage(context, base_url or server.url, server.url, account.token)
+        pages.append(chat)
         return chat.login(account.username, account.password)
 
     yield open_

@@ -214,11 +214,13 @@ def test_dropped_connection_resumes_without_losing_or_repeating_text(
     answer = _slow_answer(chat)
 
     relay.cut()
+    chat.note("the relay is cut")
     assert chat.server_message(answer)["status"] == "streaming", "cut after the end"
     state = answer.locator(".stream-state")
     expect(state).to_contain_text("Reconnecting")
     chat.screenshot(f"reconnecting-{transport}")
     relay.restore()
+    chat.note("the relay is restored")
     _assert_resumed_exactly(chat, answer)
 
 
