@@ -152,6 +152,13 @@ class Generation:
                 self._finished.set()
         return self._finished
 
+    @property
+    def streaming(self) -> bool:
+        """Running and not asked to end: until then its record says ``streaming`` and a
+        reader can follow it from the log. Once it is asked to end, its record is about to
+        change (or, for a conversation being deleted, to go): readers ask the database."""
+        return self.task is not None and not (self._finalizing or self._over or self.cancel_reason)
+
     # --- control -----------------------------------------------------------------------
     def start(self) -> None:
         # A fresh context: the task must not inherit the request's asgiref thread context

@@ -128,6 +128,13 @@ class MessageState:
             termination=message.termination,
         )
 
+    @classmethod
+    def streaming(cls, message_id: str, settled: int) -> MessageState:
+        """A message whose generation streams in this process, as its record reads until
+        it ends: ``settled``, the seq its earlier segments end at (where a Continue's
+        segment starts), which this segment's ``done`` is after."""
+        return cls(id=message_id, status=Status.STREAMING.value, last_seq=settled, termination={})
+
     @property
     def final(self) -> bool:
         return self.status in FINAL_STATUSES

@@ -32,6 +32,11 @@ class Generations:
     def get(self, message_id: str) -> Generation | None:
         return self.running.get(message_id)
 
+    def streaming(self, message_id: str) -> Generation | None:
+        """The generation of ``message_id`` while it streams here (``Generation.streaming``)."""
+        generation = self.running.get(message_id)
+        return generation if generation is not None and generation.streaming else None
+
     def prepare(self, plan: SegmentPlan, backends: Backends) -> Generation:
         """The generation of ``plan``, not started: made in any thread (it touches no
         loop), then ``start``-ed on the loop."""

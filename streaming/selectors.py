@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Exists, OuterRef, QuerySet
 
 from streaming import database, statements
-from streaming.auth import resolve_user
+from streaming.auth import known_user, resolve_user
 from streaming.branches import Tree, tree_of
 from streaming.engines.base import ModelInfo
 from streaming.errors import NotFound
@@ -128,8 +128,25 @@ def _state(user: Any, message_id: Any) -> MessageState:
     return MessageState.of(message)
 
 
+def _streaming_here(user: Any, message_id: Any) -> MessageState | None:
+    """The state of ``user``'s answer while it streams in this process, known without a
+    query: the generation was started from the committed record of that user's
+    conversation (its plan holds the owner) and is neither ending nor ended, so the
+    record says ``streaming`` as the database would, and anyone else's answer, or one
+    not generating here, is left to the database's lookup (and its 404)."""
+    if not user.is_authenticated:
+        return None
+    generation = get_runtime().generations.streaming(str(message_id))
+    if generation is None or generation.plan.user_id != user.pk:
+        return None
+    return MessageState.streaming(generation.message_id, generation.plan.first_seq - 1)
+
+
 async def message_state(user: Any, message_id: Any) -> MessageState:
-    return await database.run(_state, user, message_id)
+    """The state a reader of ``user``'s answer needs (``NotFound`` for anyone else's): a
+    database trip unless the answer streams here."""
+    state = _streaming_here(user, message_id)
+    return state if state is not None else await database.run(_state, user, message_id)
 
 
 def _reader(scope: dict[str, Any], message_id: Any) -> tuple[Any, MessageState | None]:
@@ -145,7 +162,12 @@ def _reader(scope: dict[str, Any], message_id: Any) -> tuple[Any, MessageState |
 async def reader_state(scope: dict[str, Any], message_id: Any) -> tuple[Any, MessageState | None]:
     """Who is asking to read a stream, and the stream's state when it is theirs (``None``
     when it is not, or they are not authenticated): one database trip for both, since
-    opening a stream is on the path of every answer's first token."""
+    opening a stream is on the path of every answer's first token, and none for a token
+    this process holds reading an answer that streams here (a resume, most often)."""
+    user = known_user(scope)
+    state = None if user is None else _streaming_here(user, message_id)
+    if state is not None:
+        return user, state
     return await database.run(_reader, scope, message_id)
 
 

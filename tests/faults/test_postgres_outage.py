@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.faults.readers import Reader, assert_exact
-from tests.support.clients import auth, create_conversation, post_message
+from tests.support.clients import auth, create_conversation, post_message, read_sse
 from tests.support.servers import database_url
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.postgres]
@@ -59,18 +59,30 @@ async def test_database_outage_mid_stream_loses_nothing(postgres_proxy, daphne, 
 async def test_a_stream_opened_while_the_database_is_away_gets_the_json_error(
     postgres_proxy, daphne, account
 ):
+    """Unless the answer streams in the process asked: its owner follows it from the log
+    then, as a reader already connected does."""
     server = daphne(DATABASE_URL=through(postgres_proxy.port))
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
         conversation = await create_conversation(client, account.token)
-        message = await post_message(client, account.token, conversation, "hi")
+        ended = await post_message(client, account.token, conversation, "hi")
+        assert (await read_sse(client, account.token, ended["id"])).events[-1].event == "done"
+        live = await post_message(
+            client, account.token, conversation, "more",
+            simulation={"length": 400, "tokens_per_second": 20, "ttft_ms": 0},
+        )  # fmt: skip
         postgres_proxy.cut()
         try:
             response = await client.get(
-                f"/api/messages/{message['id']}/stream/", headers=auth(account.token)
+                f"/api/messages/{ended['id']}/stream/", headers=auth(account.token)
             )
+            followed = await read_sse(client, account.token, live["id"], after=1, stop_after=3)
         finally:
             postgres_proxy.restore()
         assert response.status_code == 503
         assert response.headers["content-type"] == "application/json"
         assert response.json()["error"]["code"] == "unavailable"
         assert int(response.headers["retry-after"]) > 0
+        assert followed.status == 200
+        # Deltas after the cursor, in order (a run already logged comes merged in one).
+        seqs = [e.data["seq"] for e in followed.events]
+        assert len(seqs) == 3 and 1 < seqs[0] < seqs[1] < seqs[2]

@@ -5,7 +5,17 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.clients import auth, create_conversation, post_message, read_sse, seqs, text_of
+from tests.support.clients import (
+    SSEEvent,
+    auth,
+    create_conversation,
+    iter_sse,
+    post_message,
+    read_sse,
+    seqs,
+    text_of,
+)
+from tests.support.wsclient import ChatSocket
 
 pytestmark = pytest.mark.asyncio
 
@@ -86,3 +96,36 @@ async def test_unauthenticated_and_foreign_and_bad_cursor(daphne, account, other
         bad = await client.get(url, headers={**auth(owner.token), "Last-Event-ID": "abc"})
         assert bad.status_code == 400
         assert bad.json()["error"]["code"] == "invalid_cursor"
+
+
+async def test_an_answer_streaming_here_is_its_owners_alone(daphne, account, other_account):
+    """The owner's readers of an answer that streams in this process are served without a
+    database lookup; another user asking for it (twice: their token then held too), over
+    SSE and WebSocket, is told it does not exist, exactly as for any answer of someone
+    else's."""
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "hi",
+            simulation={"length": 500, "tokens_per_second": 5, "ttft_ms": 0},
+        )  # fmt: skip
+        url = f"/api/messages/{message['id']}/stream/"
+        async with client.stream("GET", url, headers=auth(account.token)) as owners:
+            assert owners.status_code == 200
+            for _ in range(2):
+                foreign = await client.get(url, headers=auth(other_account.token))
+                assert foreign.status_code == 404
+                assert foreign.json()["error"]["code"] == "not_found"
+            ws = await ChatSocket.connect(server.ws_url, other_account.token)
+            for _ in range(2):
+                await ws.send({"type": "subscribe", "message_id": message["id"]})
+                error = await ws.recv()
+                assert error["type"] == "error" and error["code"] == "not_found"
+            await ws.close()
+            # Its owner resumes it from a cursor, live: the next event is after it.
+            resume = {**auth(account.token), "Last-Event-ID": "1"}
+            async with client.stream("GET", url, headers=resume) as resumed:
+                assert resumed.status_code == 200
+                first = await anext(e async for e in iter_sse(resumed) if isinstance(e, SSEEvent))
+                assert first.data["seq"] > 1 and first.data["type"] == "delta"

@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 
-from streaming import auth, database, tokens
+from streaming import auth, tokens
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,19 +25,6 @@ def token(monkeypatch: pytest.MonkeyPatch) -> Token:
     tokens.cache().clear()
     monkeypatch.setattr(tokens.cache(), "seconds", 30.0)
     return Token.objects.create(user=User.objects.create_user("caller", password="pw-123456"))
-
-
-@pytest.fixture
-def trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    made: list[str] = []
-    run = database.run
-
-    async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        made.append(fn.__name__)
-        return await run(fn, *args, **kwargs)
-
-    monkeypatch.setattr(database, "run", counted)
-    return made
 
 
 async def test_a_held_token_needs_no_database_thread(token: Token, trips: list[str]) -> None:

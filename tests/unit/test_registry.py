@@ -99,12 +99,14 @@ async def test_a_generation_is_registered_until_it_ends() -> None:
     generation, gate = await running(here, answer)
     registry = here.generations
     assert registry.get(answer.message_id) is generation
+    assert registry.streaming(answer.message_id) is generation
     assert len(registry) == 1 and list(registry) == [generation]
     assert registry.generating(answer.message_id)
     gate.open()
     await asyncio.wait_for(generation.finished.wait(), HANG)
     # Left the registry before `finished` was set: a waiter never sees it registered.
     assert registry.get(answer.message_id) is None
+    assert registry.streaming(answer.message_id) is None
     assert len(registry) == 0 and list(registry) == []
     assert not registry.generating(answer.message_id)
     assert (await load_message(answer.message_id)).status == Status.COMPLETE
@@ -134,6 +136,8 @@ async def test_a_cancel_of_a_local_generation_is_a_call(wire: Wire) -> None:
     generation, _gate = await running(here, answer)
     await here.generations.cancel(answer.message_id, Status.CANCELLED.value)
     assert generation.cancel_reason == Status.CANCELLED, "at once, without a round trip"
+    # Still registered while it ends, but no longer streaming: its record is about to change.
+    assert here.generations.streaming(answer.message_id) is None
     assert await received.about(here.generations.control, answer.message_id) == []
     assert await ended(generation) == Status.CANCELLED
 
