@@ -74,9 +74,9 @@ class ChatPage:
         self.dialogs: list[str] = []
         # What the page did, in order, for a failed test's report (``report``): the page's
         # errors and console, every request but static files' and how it ended, every
-        # WebSocket. Each line's time is when the test received it: Playwright delivers a
-        # page's events while the test is in one of its calls (the EventSources' own lines
-        # carry the page's clock).
+        # WebSocket and its frames but an answer's text. Each line's time is when the test
+        # received it: Playwright delivers a page's events while the test is in one of its
+        # calls (the EventSources' own lines carry the page's clock).
         self.journal: deque[str] = deque(maxlen=JOURNAL_LINES)
         self.opened_at = time.monotonic()
         page = self.page
@@ -104,6 +104,17 @@ class ChatPage:
     def _websocket(self, socket: Any) -> None:
         self.note(f"websocket {socket.url}")
         socket.on("close", lambda _: self.note(f"websocket closed {socket.url}"))
+        socket.on("framesent", lambda payload: self._frame("sent", payload))
+        socket.on("framereceived", lambda payload: self._frame("received", payload))
+
+    def _frame(self, direction: str, payload: str | bytes) -> None:
+        """A WebSocket frame for the journal, but the text of an answer and keep-alives."""
+        try:
+            kind = json.loads(payload).get("type")
+        except (ValueError, AttributeError):
+            kind = None
+        if kind not in ("delta", "reasoning", "ping", "pong"):
+            self.note(f"websocket {direction}: {payload[:160]!r}")
 
     def report(self) -> str:
         """The page's errors, what it shows and its journal, for a failed test."""

@@ -60,8 +60,8 @@ async def test_a_stream_opened_while_the_database_is_away_gets_the_json_error(
     postgres_proxy, daphne, account
 ):
     """Unless the answer streams in the process asked: its owner follows it from the log
-    then, as a reader already connected does."""
-    server = daphne(DATABASE_URL=through(postgres_proxy.port))
+    then, as a reader already connected does (with a token the process holds)."""
+    server = daphne(DATABASE_URL=through(postgres_proxy.port), STREAM_TOKEN_CACHE_SECONDS="30")
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
         conversation = await create_conversation(client, account.token)
         ended = await post_message(client, account.token, conversation, "hi")
