@@ -162,12 +162,16 @@ def _reader(scope: dict[str, Any], message_id: Any) -> tuple[Any, MessageState |
 async def reader_state(scope: dict[str, Any], message_id: Any) -> tuple[Any, MessageState | None]:
     """Who is asking to read a stream, and the stream's state when it is theirs (``None``
     when it is not, or they are not authenticated): one database trip for both, since
-    opening a stream is on the path of every answer's first token, and none for a token
-    this process holds reading an answer that streams here (a resume, most often)."""
+    opening a stream is on the path of every answer's first token; none for a token this
+    process holds reading an answer that streams here (a resume, most often), nor for an
+    ``Authorization`` header that is no token."""
     user = known_user(scope)
-    state = None if user is None else _streaming_here(user, message_id)
-    if state is not None:
-        return user, state
+    if user is not None:
+        if not user.is_authenticated:
+            return user, None
+        state = _streaming_here(user, message_id)
+        if state is not None:
+            return user, state
     return await database.run(_reader, scope, message_id)
 
 

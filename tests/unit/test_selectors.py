@@ -40,8 +40,8 @@ def held_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tokens.cache(), "seconds", 30.0)
 
 
-def _scope(key: str | None) -> dict[str, Any]:
-    headers = [] if key is None else [(b"authorization", f"Token {key}".encode())]
+def _scope(key: str | None, scheme: str = "Token") -> dict[str, Any]:
+    headers = [] if key is None else [(b"authorization", f"{scheme} {key}".encode())]
     return {"type": "http", "headers": headers}
 
 
@@ -135,3 +135,15 @@ async def test_an_answer_asked_to_end_is_read_from_the_database(trips: list[str]
     assert trips == ["_reader"]
     assert state is not None and state.status == Status.CANCELLED
     gate.open()
+
+
+async def test_a_caller_known_to_be_anonymous_costs_no_trip(trips: list[str]) -> None:
+    answer = await create_answer(WORKER)
+    key = await _held_token(answer.user_id)
+    generation, gate = await _streaming(answer)
+    trips.clear()
+    for scope in (_scope("abc", scheme="Basic"), _scope(key, scheme="Token x")):
+        who, state = await selectors.reader_state(scope, answer.message_id)
+        assert (who.is_authenticated, state) == (False, None)
+    assert trips == []
+    await _ended(generation, gate)
