@@ -256,6 +256,27 @@ def usage_figures(
     }
 
 
+def machine_figures(
+    before: servers.MachineUsage, after: servers.MachineUsage, streams: int
+) -> dict[str, Any]:
+    """The whole machine's CPU over the run, and PostgreSQL's and Redis's, per answer.
+    Target 3's latencies depend on all of it: the two cores also run the data services
+    and the load generator. A machine near 100 % busy queues everyone's work."""
+    wall = after.at - before.at
+    busy = after.busy_seconds - before.busy_seconds
+    per_answer = 1000 / streams if streams else None
+
+    def ms(seconds: float) -> float | None:
+        return seconds * per_answer if per_answer is not None else None
+
+    return {
+        "machine_busy_percent": 100 * busy / (wall * (os.cpu_count() or 1)) if wall else None,
+        "machine_cpu_ms_per_answer": ms(busy),
+        "postgres_cpu_ms_per_answer": ms(after.postgres_seconds - before.postgres_seconds),
+        "redis_cpu_ms_per_answer": ms(after.redis_seconds - before.redis_seconds),
+    }
+
+
 def run_side(
     side: Side,
     plans: list[StreamPlan],
@@ -264,13 +285,14 @@ def run_side(
     samples: list[tuple[float, Callable[[], None]]] | None = None,
     check: bool = True,
 ) -> tuple[list[StreamResult], dict[str, Any]]:
-    before = side.cluster.usage()
+    machine, before = servers.machine_usage(), side.cluster.usage()
     results = run_in_processes(
         plans, options.load_processes, samples or [], options.creates_in_flight
     )
-    after = side.cluster.usage()
+    after, machine_after = side.cluster.usage(), servers.machine_usage()
     figures = stream_figures(results, ttft_ms)
     figures.update(usage_figures(before, after, figures["tokens"], len(plans)))
+    figures.update(machine_figures(machine, machine_after, len(plans)))
     if check and side.name == "ours":
         figures.update(check_persisted(results))
     return results, figures
@@ -620,12 +642,13 @@ def users(options: Options) -> dict[str, Any]:
         for plan in plans:
             plan.think, plan.until = options.users_think, until
             plan.keep = not options.users_reconnect
-        before = side.cluster.usage()
+        machine, before = servers.machine_usage(), side.cluster.usage()
         results = run_users(plans, options.load_processes)
-        after = side.cluster.usage()
+        after, machine_after = side.cluster.usage(), servers.machine_usage()
         figures = stream_figures(results, options.ttft_ms)
         figures["users"] = n
         figures.update(usage_figures(before, after, figures["tokens"], len(results)))
+        figures.update(machine_figures(machine, machine_after, len(results)))
         if side.name == "ours":
             figures.update(check_persisted(results))
         return figures

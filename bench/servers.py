@@ -40,6 +40,52 @@ def proc_usage(pid: int) -> Usage:
     return Usage(cpu, int(fields[21]) * PAGE_SIZE)
 
 
+@dataclass(frozen=True, slots=True)
+class MachineUsage:
+    """CPU seconds since boot: the whole machine's busy time (every core, any process,
+    the kernel's), and the data services' share of it; ``at`` is the monotonic clock."""
+
+    busy_seconds: float
+    postgres_seconds: float
+    redis_seconds: float
+    at: float
+
+
+# Processes by their kernel name (``/proc/<pid>/comm``): PostgreSQL's postmaster and
+# backends all run as ``postgres``, whatever title they show in ``ps``.
+SERVICE_NAMES = {"postgres": "postgres", "redis-server": "redis"}
+
+
+def machine_usage() -> MachineUsage:
+    """Read off ``/proc``. A service's CPU includes its exited children's (``cutime``,
+    ``cstime``: the postmaster's count the backends of connections closed meanwhile); a
+    service process that exits between two readings takes its own CPU with it, which
+    is why the figures come from the long-lived ones."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is inside user's)
+    busy = sum(ticks[:8]) - ticks[3] - ticks[4]
+    services = dict.fromkeys(SERVICE_NAMES.values(), 0)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                line = f.read()
+        except OSError:  # exited meanwhile
+            continue
+        service = SERVICE_NAMES.get(line[line.index("(") + 1 : line.rindex(")")])
+        if service is not None:
+            fields = line.rsplit(")", 1)[1].split()
+            services[service] += sum(int(x) for x in fields[11:15])  # utime..cstime
+    return MachineUsage(
+        busy / CLOCK_TICKS,
+        services["postgres"] / CLOCK_TICKS,
+        services["redis"] / CLOCK_TICKS,
+        time.monotonic(),
+    )
+
+
 def listening_socket() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
