@@ -149,3 +149,19 @@ def test_stored_messages_get_their_conversations_owner_and_lose_it_on_reverse(mi
     fields = {f.name for f in reverted.get_model("streaming", "Message")._meta.get_fields()}
     assert "owner" not in fields
     assert reverted.get_model("streaming", "Message").objects.count() == 2
+
+
+def _fill_factor(table: str) -> str | None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [table])
+        options = dict(o.split("=", 1) for o in cursor.fetchone()[0] or [])
+    return options.get("fillfactor")
+
+
+def test_the_messages_pages_keep_room_for_rewrites_and_lose_it_on_reverse(migrate) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("a fill factor is PostgreSQL's")
+    migrate([("streaming", "0012_segment_streaming_worker")])
+    assert _fill_factor("streaming_message") is None
+    migrate([("streaming", "0013_message_fillfactor")])
+    assert _fill_factor("streaming_message") == "70"

@@ -58,3 +58,35 @@ def test_a_row_the_database_refuses_does_not_hold_back_the_batch() -> None:
     assert [p.message_id for p in refused] == [str(running[1].id)]
     contents = [Message.objects.get(id=m.id).content for m in running]
     assert contents == ["ok 0", "", "ok 2"]
+
+
+def _hot_updates() -> int:
+    """Heap-only updates of the messages' table in this transaction so far."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_stat_get_xact_tuples_hot_updated(%s::regclass)", [Message._meta.db_table]
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_a_partial_in_a_page_filled_by_inserts_touches_no_index() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("heap-only updates and fill factors are PostgreSQL's")
+    owner = User.objects.create_user("pages")
+    conversation = Conversation.objects.create(owner=owner)
+    # Rows of about 1.1 KiB inserted one after the other fill the table's pages as far as
+    # its fill factor lets them: at 100 a page holds seven and has no room for an eighth
+    # version, at 70 it holds four and has room for three.
+    running = [
+        Message.objects.create(
+            conversation=conversation, role="assistant", status=Status.STREAMING,
+            content=f"{i:04d}" * 250,
+        )
+        for i in range(64)
+    ]  # fmt: skip
+    before = _hot_updates()
+    # Each rewritten at the same size: a new version that fits only in room left free.
+    flush_partials([Partial(str(m.id), m.content[::-1], 7) for m in running])
+    # At least one rewrite per page stays out of the indexes (at 100: none does).
+    assert _hot_updates() - before >= len(running) // 4
+    assert Message.objects.get(id=running[5].id).content == running[5].content[::-1]
