@@ -103,10 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     database.setup(options.env)
     report: dict[str, Any] = {
         "started": stamp,
-        "machine": machine(),
+        "machine": {**machine(), "postgres": database.server_settings()},
         "options": {k: v for k, v in asdict(options).items() if k not in ("env", "log_dir")},
         "scenarios": {},
     }
+    if report["machine"]["postgres"].get("autovacuum") == "off":
+        print(
+            "note: PostgreSQL's autovacuum is off: its tables keep every dead row version"
+            " of the run, and its CPU per answer grows with them (docs/performance.md)",
+            flush=True,
+        )
     began = time.monotonic()
     path = json_path or RESULTS / f"{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

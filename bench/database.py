@@ -53,6 +53,27 @@ def setup(env: dict[str, str]) -> None:
     django.setup()
 
 
+# The server settings that change what a run measures on PostgreSQL's side.
+SERVER_SETTINGS = ("autovacuum", "fsync", "synchronous_commit", "shared_buffers")
+
+
+def server_settings() -> dict[str, str]:
+    """The PostgreSQL server's ``SERVER_SETTINGS`` (empty on SQLite). A server with
+    autovacuum off (as a CI machine's may be) keeps every dead row version the run
+    leaves: its tables and indexes grow through the run, and PostgreSQL's CPU per answer
+    with them, where a production server's do not."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)",
+            [list(SERVER_SETTINGS)],
+        )
+        return dict(cursor.fetchall())
+
+
 def accounts(count: int) -> list[tuple[str, str]]:
     """``count`` fresh users, each with an API token and one empty conversation: a list
     of (token, conversation id)."""
