@@ -240,40 +240,45 @@ def check_persisted(results: list[StreamResult]) -> dict[str, Any]:
     }
 
 
-def usage_figures(
-    before: servers.Usage, after: servers.Usage, tokens: int, streams: int
-) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What ``/proc`` says at one moment: the side's servers, and the whole machine."""
+
+    processes: servers.Usage
+    machine: servers.MachineUsage
+
+
+def reading(side: Side) -> Reading:
+    return Reading(side.cluster.usage(), servers.machine_usage())
+
+
+def usage_figures(before: Reading, after: Reading, tokens: int, streams: int) -> dict[str, Any]:
     """The servers' CPU over the answers and over the tokens they delivered: both divide the
     same seconds (a scenario of short answers shows the cost of an answer, one of long
-    answers the cost of a token)."""
-    cpu = after.cpu_seconds - before.cpu_seconds
-    return {
-        "cpu_seconds": cpu,
-        "cpu_ms_per_answer": cpu / streams * 1000 if streams else None,
-        "cpu_seconds_per_1k_tokens": cpu / tokens * 1000 if tokens else None,
-        "rss_before_mib": before.rss_bytes / 2**20,
-        "rss_after_mib": after.rss_bytes / 2**20,
-    }
-
-
-def machine_figures(
-    before: servers.MachineUsage, after: servers.MachineUsage, streams: int
-) -> dict[str, Any]:
-    """The whole machine's CPU over the run, and PostgreSQL's and Redis's, per answer.
-    Target 3's latencies depend on all of it: the two cores also run the data services
-    and the load generator. A machine near 100 % busy queues everyone's work."""
-    wall = after.at - before.at
-    busy = after.busy_seconds - before.busy_seconds
+    answers the cost of a token). Beside it the whole machine's CPU over the run, and
+    PostgreSQL's and Redis's, per answer: target 3's latencies depend on all of it, as
+    the two cores also run the data services and the load generator, and a machine near
+    100 % busy queues everyone's work."""
+    cpu = after.processes.cpu_seconds - before.processes.cpu_seconds
+    wall = after.machine.at - before.machine.at
+    busy = after.machine.busy_seconds - before.machine.busy_seconds
     per_answer = 1000 / streams if streams else None
 
     def ms(seconds: float) -> float | None:
         return seconds * per_answer if per_answer is not None else None
 
     return {
+        "cpu_seconds": cpu,
+        "cpu_ms_per_answer": ms(cpu),
+        "cpu_seconds_per_1k_tokens": cpu / tokens * 1000 if tokens else None,
+        "rss_before_mib": before.processes.rss_bytes / 2**20,
+        "rss_after_mib": after.processes.rss_bytes / 2**20,
         "machine_busy_percent": 100 * busy / (wall * (os.cpu_count() or 1)) if wall else None,
         "machine_cpu_ms_per_answer": ms(busy),
-        "postgres_cpu_ms_per_answer": ms(after.postgres_seconds - before.postgres_seconds),
-        "redis_cpu_ms_per_answer": ms(after.redis_seconds - before.redis_seconds),
+        "postgres_cpu_ms_per_answer": ms(
+            after.machine.postgres_seconds - before.machine.postgres_seconds
+        ),
+        "redis_cpu_ms_per_answer": ms(after.machine.redis_seconds - before.machine.redis_seconds),
     }
 
 
@@ -285,14 +290,13 @@ def run_side(
     samples: list[tuple[float, Callable[[], None]]] | None = None,
     check: bool = True,
 ) -> tuple[list[StreamResult], dict[str, Any]]:
-    machine, before = servers.machine_usage(), side.cluster.usage()
+    before = reading(side)
     results = run_in_processes(
         plans, options.load_processes, samples or [], options.creates_in_flight
     )
-    after, machine_after = side.cluster.usage(), servers.machine_usage()
+    after = reading(side)
     figures = stream_figures(results, ttft_ms)
     figures.update(usage_figures(before, after, figures["tokens"], len(plans)))
-    figures.update(machine_figures(machine, machine_after, len(plans)))
     if check and side.name == "ours":
         figures.update(check_persisted(results))
     return results, figures
@@ -642,13 +646,12 @@ def users(options: Options) -> dict[str, Any]:
         for plan in plans:
             plan.think, plan.until = options.users_think, until
             plan.keep = not options.users_reconnect
-        machine, before = servers.machine_usage(), side.cluster.usage()
+        before = reading(side)
         results = run_users(plans, options.load_processes)
-        after, machine_after = side.cluster.usage(), servers.machine_usage()
+        after = reading(side)
         figures = stream_figures(results, options.ttft_ms)
         figures["users"] = n
         figures.update(usage_figures(before, after, figures["tokens"], len(results)))
-        figures.update(machine_figures(machine, machine_after, len(results)))
         if side.name == "ours":
             figures.update(check_persisted(results))
         return figures

@@ -17,18 +17,19 @@ from django.db import migrations
 FILL_FACTOR = 70
 
 
-def _set(apps, schema_editor):
+def _alter(apps, schema_editor, change):
     if schema_editor.connection.vendor != "postgresql":
         return
     table = schema_editor.quote_name(apps.get_model("streaming", "Message")._meta.db_table)
-    schema_editor.execute(f"ALTER TABLE {table} SET (fillfactor = {FILL_FACTOR})")
+    schema_editor.execute(f"ALTER TABLE {table} {change}")
+
+
+def _set(apps, schema_editor):
+    _alter(apps, schema_editor, f"SET (fillfactor = {FILL_FACTOR})")
 
 
 def _reset(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    table = schema_editor.quote_name(apps.get_model("streaming", "Message")._meta.db_table)
-    schema_editor.execute(f"ALTER TABLE {table} RESET (fillfactor)")
+    _alter(apps, schema_editor, "RESET (fillfactor)")
 
 
 class Migration(migrations.Migration):
