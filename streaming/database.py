@@ -22,10 +22,12 @@ import asyncio
 import contextvars
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
+import psycopg
+import psycopg.sql
 from django.conf import settings
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -114,9 +116,16 @@ async def run(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 
 
 def release() -> None:
-    """End the threads (after the calls in progress) and hand their connections back.
-    Calls made afterwards start new threads."""
-    global _executor
+    """End the threads (after the calls in progress) and hand their connections back, and
+    close the loops' idle connections (one in use closes after its statement). Calls made
+    afterwards start new threads and connections."""
+    global _executor, _era
+    _era += 1
+    idle = [held for pool in _on_loops.values() for held, _ in pool.idle]
+    _on_loops.clear()
+    for held in idle:
+        # Not in use (a statement in flight closes its own): libpq's close needs no loop.
+        held.pgconn.finish()
     with _executor_lock:
         executor, _executor = _executor, None
     if executor is None:
@@ -131,3 +140,97 @@ def release() -> None:
             connection.close()
         finally:
             connection.dec_thread_sharing()
+
+
+# --- statements on the event loop ---------------------------------------------------------
+# A call through ``run`` costs its thread several times the CPU of its statements once the
+# event loop keeps the GIL busy: every wait on the socket hands the GIL over and back
+# (docs/performance.md). A single statement that needs nothing of Django's connection but
+# its settings goes on the loop instead, through psycopg's async connection, which waits
+# on the socket with the loop's own readiness callbacks. PostgreSQL only.
+
+
+class _LoopConnections:
+    """The connections one event loop sends its statements on, each one statement at a
+    time: the idle ones with the time each may be kept until, and a bound on how many
+    are open."""
+
+    def __init__(self, size: int) -> None:
+        self.idle: list[tuple[psycopg.AsyncConnection[Any], float]] = []
+        self.free = asyncio.Semaphore(size)
+
+
+_on_loops: dict[asyncio.AbstractEventLoop, _LoopConnections] = {}
+# Bumped by ``release``: a connection taken before it is closed after its statement.
+_era = 0
+
+
+def on_loop(alias: str = "default") -> bool:
+    """Whether ``statement`` can send to ``alias``'s database (else: ``run``)."""
+    return connections[alias].vendor == "postgresql"
+
+
+async def _connect(alias: str) -> psycopg.AsyncConnection[Any]:
+    """A connection as Django would make it for ``alias``: its parameters, adapters,
+    binding and time zone, in autocommit."""
+    wrapper = connections[alias]
+    params = wrapper.get_connection_params()
+    server_binding = params.pop("cursor_factory", None) is not psycopg.ClientCursor
+    params.pop("autocommit", None)
+    connection = await psycopg.AsyncConnection.connect(
+        autocommit=True,
+        cursor_factory=psycopg.AsyncCursor if server_binding else psycopg.AsyncClientCursor,
+        **params,
+    )
+    zone = wrapper.timezone_name
+    if zone and connection.info.parameter_status("TimeZone") != zone:
+        await connection.execute(psycopg.sql.SQL("SET TIME ZONE {}").format(zone))
+    return connection
+
+
+def _reusable(connection: psycopg.AsyncConnection[Any]) -> bool:
+    from psycopg.pq import ConnStatus, TransactionStatus
+
+    info = connection.info
+    return info.status == ConnStatus.OK and info.transaction_status == TransactionStatus.IDLE
+
+
+async def _send(
+    alias: str, sql: str, params: Sequence[Any], pool: _LoopConnections
+) -> tuple[Any, ...] | None:
+    async with pool.free:
+        era = _era
+        now = time.monotonic()
+        connection, until = pool.idle.pop() if pool.idle else (None, 0.0)
+        if connection is not None and now >= until:
+            await connection.close()
+            connection = None
+        if connection is None:
+            connection, until = await _connect(alias), now + KEEP_SECONDS
+        kept = False
+        try:
+            cursor = await connection.execute(sql, params)
+            row = await cursor.fetchone() if cursor.description is not None else None
+            kept = era == _era and _reusable(connection)
+            return row
+        finally:
+            if kept:
+                pool.idle.append((connection, until))
+            else:
+                await connection.close()
+
+
+async def statement(
+    sql: str, params: Sequence[Any], alias: str = "default"
+) -> tuple[Any, ...] | None:
+    """Send one statement to ``alias``'s database (PostgreSQL: ``on_loop``) on the running
+    loop, in autocommit, and return its first row (None without one). At most
+    ``DATABASE_LOOP_CONNECTIONS`` connections per loop, each kept as a database thread
+    keeps its own (idle, for at most ``KEEP_SECONDS``). As with ``run``, a cancelled
+    caller stops waiting and the statement runs on to its end. Errors are psycopg's,
+    not Django's."""
+    loop = asyncio.get_running_loop()
+    pool = _on_loops.get(loop)
+    if pool is None:
+        pool = _on_loops[loop] = _LoopConnections(settings.DATABASE_LOOP_CONNECTIONS)
+    return await asyncio.shield(loop.create_task(_send(alias, sql, params, pool)))

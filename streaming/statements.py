@@ -32,6 +32,7 @@ from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model
 
+from streaming import database
 from streaming.models import Conversation, Message
 from streaming.rows import Reader, columns
 from streaming.termination import Status
@@ -244,10 +245,9 @@ Step = tuple[type[Model], Mapping[str, Any], Mapping[str, Any]]
 
 def update_chain(steps: Sequence[Step]) -> bool:
     """``update_rows`` for each step in order, each only when the step before it changed a
-    row; whether the first changed any. On PostgreSQL one statement (each step a
-    data-modifying CTE guarded by ``EXISTS`` over the one before, which also takes the
-    rows' locks in the steps' order), elsewhere a transaction. The steps update
-    different tables (a row changed twice in one statement is undefined there). Atomic."""
+    row; whether the first changed any. On PostgreSQL one statement (``_chain``),
+    elsewhere a transaction. The steps update different tables (a row changed twice in
+    one statement is undefined there). Atomic."""
     alias, connection = _connection(steps[0][0])
     if not _one_statement(connection):
         with transaction.atomic(using=alias):
@@ -255,6 +255,30 @@ def update_chain(steps: Sequence[Step]) -> bool:
                 if not update_rows(model, values, **where):
                     return i > 0
         return True
+    sql, params = _chain(steps, alias)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return bool(row[0])
+
+
+async def update_chain_on_loop(steps: Sequence[Step]) -> bool:
+    """``update_chain`` from async code: on PostgreSQL its one statement goes on the event
+    loop (``database.statement``, whose errors are psycopg's), elsewhere to a database
+    thread."""
+    alias, connection = _connection(steps[0][0])
+    if not (_one_statement(connection) and database.on_loop(alias)):
+        return await database.run(update_chain, steps)
+    sql, params = _chain(steps, alias)
+    row = await database.statement(sql, params, alias)
+    assert row is not None
+    return bool(row[0])
+
+
+def _chain(steps: Sequence[Step], alias: str) -> tuple[str, list[Any]]:
+    """The chain as one statement: each step a data-modifying CTE guarded by ``EXISTS``
+    over the one before, which also takes the rows' locks in the steps' order. Its row:
+    how many rows the first step changed, and how many the last did."""
     ctes, params = [], []
     for i, (model, values, where) in enumerate(steps):
         sql, step_params = _update_parts(model, values, where, alias)
@@ -262,14 +286,8 @@ def update_chain(steps: Sequence[Step]) -> bool:
         ctes.append(f"s{i} AS ({sql}{guard} RETURNING 1)")
         params += step_params
     last = len(steps) - 1
-    with connection.cursor() as cursor:
-        # The main query reads the last step, which makes every step before it run first.
-        cursor.execute(
-            f"WITH {', '.join(ctes)} SELECT (SELECT COUNT(*) FROM s0), COUNT(*) FROM s{last}",
-            params,
-        )
-        row = cursor.fetchone()
-    return bool(row[0])
+    # The main query reads the last step, which makes every step before it run first.
+    return f"WITH {', '.join(ctes)} SELECT (SELECT COUNT(*) FROM s0), COUNT(*) FROM s{last}", params
 
 
 def update(obj: Model, names: Sequence[str]) -> None:

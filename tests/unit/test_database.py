@@ -98,3 +98,78 @@ async def test_release_hands_the_kept_connections_back(connects: list[object]) -
     assert not database._kept
     await database.run(query)  # a new thread, with a connection of its own
     assert len(connects) == 2
+
+
+# --- statements on the event loop ---------------------------------------------------------
+on_postgresql = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="statements go on the loop on PostgreSQL only"
+)
+PID = "SELECT pg_backend_pid()"
+
+
+@on_postgresql
+async def test_the_loop_keeps_its_connection_between_statements(settings: Any) -> None:
+    settings.DATABASE_LOOP_CONNECTIONS = 1
+    pids = {await database.statement(PID, []) for _ in range(3)}
+    assert len(pids) == 1
+
+
+@on_postgresql
+async def test_a_statement_reads_and_writes_as_django_does() -> None:
+    """Django's adapters and time zone: JSON comes back as text (for the field to parse, as
+    Django's own loaders give it), times are aware."""
+    from psycopg.types.json import Jsonb
+
+    row = await database.statement(
+        "SELECT %s::jsonb, now(), current_setting('TimeZone')", [Jsonb({"a": "é"})]
+    )
+    assert row is not None
+    document, now, zone = row
+    assert document == '{"a": "é"}' and now.tzinfo is not None and zone == "UTC"
+    assert await database.statement("SET LOCAL work_mem = '4MB'", []) is None
+
+
+@on_postgresql
+async def test_a_statement_that_fails_raises_and_the_next_one_runs(settings: Any) -> None:
+    import psycopg
+
+    settings.DATABASE_LOOP_CONNECTIONS = 1
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        await database.statement("SELECT * FROM no_such_table", [])
+    assert await database.statement("SELECT 1", []) == (1,)
+
+
+@on_postgresql
+async def test_a_cancelled_caller_leaves_its_statement_to_end(settings: Any) -> None:
+    """As with ``run``: the caller stops waiting, the statement commits all the same."""
+    settings.DATABASE_LOOP_CONNECTIONS = 1  # the read below waits for the write's connection
+    await database.statement("CREATE TEMP TABLE IF NOT EXISTS t (n int)", [])
+    write = asyncio.create_task(database.statement("INSERT INTO t SELECT 7 FROM pg_sleep(0.2)", []))
+    await asyncio.sleep(0)  # one turn: the write is handed to a task of its own
+    write.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await write
+    assert await database.statement("SELECT count(*) FROM t WHERE n = 7", []) == (1,)
+
+
+@on_postgresql
+async def test_a_loop_connection_goes_back_once_kept_long_enough(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    settings.DATABASE_LOOP_CONNECTIONS = 1
+    monkeypatch.setattr(database, "KEEP_SECONDS", 0.0)
+    first = await database.statement(PID, [])
+    assert await database.statement(PID, []) != first
+
+
+@on_postgresql
+async def test_release_closes_the_loops_connections(settings: Any) -> None:
+    settings.DATABASE_LOOP_CONNECTIONS = 1
+    row = await database.statement(PID, [])
+    assert row is not None
+    database.release()
+    assert await database.statement(PID, []) != row
+    alive = await database.statement(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [row[0]]
+    )
+    assert alive == (0,)

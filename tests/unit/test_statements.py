@@ -17,6 +17,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Model
 from django.db.models.signals import post_save, pre_save
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from streaming import statements
 from streaming.models import Conversation, Message, Segment
@@ -220,6 +221,45 @@ def test_a_new_conversation_is_stored_with_its_messages_in_one_statement() -> No
     assert back.created_at is not None and back.updated_at is not None
     assert [m.owner_id for m in Message.objects.filter(conversation=back)] == [owner.pk] * 2
     assert not conversation._state.adding and segment.pk == Segment.objects.get().pk
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_chain_from_the_loop_is_the_chain_in_one_statement_it_sends_itself() -> None:
+    """``update_chain_on_loop`` changes what ``update_chain`` does; on PostgreSQL without
+    a database thread (none is started) and with JSON, text and times as the ORM stores
+    them."""
+    from asgiref.sync import sync_to_async
+
+    from streaming import database
+
+    @sync_to_async
+    def made() -> tuple[Message, Conversation]:
+        conversation = Conversation.objects.create(owner=User.objects.create_user("al"))
+        answer = Message.objects.create(conversation=conversation, role="assistant")
+        Segment.objects.create(message=answer, index=0, status=Status.STREAMING)
+        return answer, conversation
+
+    answer, conversation = await made()
+    stamp = timezone.now()
+    steps = _steps(answer, conversation, index=0)
+    ended = {"tool_calls": [{"id": "c", "é": "日本"}], "status": Status.COMPLETE}
+    steps[0] = (Segment, ended, {**steps[0][2], "status": Status.STREAMING})
+    steps[1] = (Message, {"content": "Hé 🚀", "updated_at": stamp}, steps[1][2])
+    database.release()
+    assert await statements.update_chain_on_loop(_steps(answer, conversation, 1)) is False
+    assert await statements.update_chain_on_loop(steps) is True
+    assert await statements.update_chain_on_loop(steps) is False, "the segment has ended"
+    if connections["default"].vendor == "postgresql":
+        assert database._executor is None
+
+    @sync_to_async
+    def state() -> tuple[Any, ...]:
+        segment = Segment.objects.get(message=answer)
+        message = Message.objects.get(pk=answer.pk)
+        title = Conversation.objects.get(pk=conversation.pk).title
+        return segment.status, segment.tool_calls, message.content, message.updated_at, title
+
+    assert await state() == (Status.COMPLETE, [{"id": "c", "é": "日本"}], "Hé 🚀", stamp, "ended")
 
 
 def _steps(answer: Message, conversation: Conversation, index: int) -> list[statements.Step]:
