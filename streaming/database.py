@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
@@ -150,6 +151,14 @@ def release() -> None:
 # on the socket with the loop's own readiness callbacks. PostgreSQL only.
 
 
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """A statement's result: its columns' names and its rows (none without a result)."""
+
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+
+
 class _LoopConnections:
     """The connections one event loop sends its statements on, each one statement at a
     time: the idle ones with the time each may be kept until, and a bound on how many
@@ -195,40 +204,43 @@ def _reusable(connection: psycopg.AsyncConnection[Any]) -> bool:
     return info.status == ConnStatus.OK and info.transaction_status == TransactionStatus.IDLE
 
 
-async def _send(
-    alias: str, sql: str, params: Sequence[Any], pool: _LoopConnections
-) -> tuple[Any, ...] | None:
-    async with pool.free:
-        era = _era
-        now = time.monotonic()
-        connection, until = pool.idle.pop() if pool.idle else (None, 0.0)
-        if connection is not None and now >= until:
-            await connection.close()
-            connection = None
-        if connection is None:
-            connection, until = await _connect(alias), now + KEEP_SECONDS
-        kept = False
-        try:
-            cursor = await connection.execute(sql, params)
-            row = await cursor.fetchone() if cursor.description is not None else None
-            kept = era == _era and _reusable(connection)
-            return row
-        finally:
-            if kept:
-                pool.idle.append((connection, until))
-            else:
+async def _send(alias: str, sql: str, params: Sequence[Any], pool: _LoopConnections) -> Rows:
+    # Django's exceptions, as from a call through ``run`` (the wrapper only maps them).
+    with connections[alias].wrap_database_errors:
+        async with pool.free:
+            era = _era
+            now = time.monotonic()
+            connection, until = pool.idle.pop() if pool.idle else (None, 0.0)
+            if connection is not None and now >= until:
                 await connection.close()
+                connection = None
+            if connection is None:
+                connection, until = await _connect(alias), now + KEEP_SECONDS
+            kept = False
+            try:
+                cursor = await connection.execute(sql, params)
+                described = cursor.description
+                rows = (
+                    Rows([], [])
+                    if described is None
+                    else Rows([column.name for column in described], await cursor.fetchall())
+                )
+                kept = era == _era and _reusable(connection)
+                return rows
+            finally:
+                if kept:
+                    pool.idle.append((connection, until))
+                else:
+                    await connection.close()
 
 
-async def statement(
-    sql: str, params: Sequence[Any], alias: str = "default"
-) -> tuple[Any, ...] | None:
+async def statement(sql: str, params: Sequence[Any], alias: str = "default") -> Rows:
     """Send one statement to ``alias``'s database (PostgreSQL: ``on_loop``) on the running
-    loop, in autocommit, and return its first row (None without one). At most
+    loop, in autocommit, and return its result. At most
     ``DATABASE_LOOP_CONNECTIONS`` connections per loop, each kept as a database thread
     keeps its own (idle, for at most ``KEEP_SECONDS``). As with ``run``, a cancelled
-    caller stops waiting and the statement runs on to its end. Errors are psycopg's,
-    not Django's."""
+    caller stops waiting and the statement runs on to its end. Errors are Django's, as
+    from ``run``."""
     loop = asyncio.get_running_loop()
     pool = _on_loops.get(loop)
     if pool is None:

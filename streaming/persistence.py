@@ -101,8 +101,8 @@ async def finalize_segment(
     ``content`` and ``reasoning`` are the whole message's; the segment's own parts begin
     at ``start_offset`` and ``reasoning_start_offset`` in them. ``tool_calls`` are the
     segment's own, ``earlier_tool_calls`` those of the message's earlier segments. One
-    statement on PostgreSQL, sent from the event loop (``statements.update_chain_on_loop``:
-    psycopg's errors there), a transaction in a database thread elsewhere."""
+    statement on PostgreSQL, sent from the event loop (``statements.update_chain_on_loop``),
+    a transaction in a database thread elsewhere."""
     calls = list(tool_calls or [])
     now = timezone.now()
     t = termination

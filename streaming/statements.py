@@ -264,15 +264,13 @@ def update_chain(steps: Sequence[Step]) -> bool:
 
 async def update_chain_on_loop(steps: Sequence[Step]) -> bool:
     """``update_chain`` from async code: on PostgreSQL its one statement goes on the event
-    loop (``database.statement``, whose errors are psycopg's), elsewhere to a database
-    thread."""
+    loop (``database.statement``), elsewhere to a database thread."""
     alias, connection = _connection(steps[0][0])
     if not (_one_statement(connection) and database.on_loop(alias)):
         return await database.run(update_chain, steps)
     sql, params = _chain(steps, alias)
-    row = await database.statement(sql, params, alias)
-    assert row is not None
-    return bool(row[0])
+    result = await database.statement(sql, params, alias)
+    return bool(result.rows[0][0])
 
 
 def _chain(steps: Sequence[Step], alias: str) -> tuple[str, list[Any]]:
