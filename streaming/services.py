@@ -644,6 +644,11 @@ def create_exchange(
         idempotency_key=idempotency_key,
         idempotency_field=idempotency_field,
     )
+    return _exchange_of(post)
+
+
+def _exchange_of(post: _Post) -> Exchange:
+    """``create_exchange`` of a checked post, in the caller's thread."""
     return _exchange(_made_once(functools.partial(_create_exchange, post), post.key))
 
 
@@ -726,8 +731,7 @@ async def post_message(
     for the retry of a request that made its messages, it is one trip to a database
     thread. As from a thread, a cancelled caller stops waiting and the post runs on to
     its end (its answer starts)."""
-    arguments = functools.partial(
-        create_exchange,
+    post = _checked_post(
         user,
         conversation_id,
         content,
@@ -740,23 +744,11 @@ async def post_message(
         idempotency_field=idempotency_field,
     )
     if database.on_loop():
-        post = _checked_post(
-            user,
-            conversation_id,
-            content,
-            raw_params,
-            prior=prior,
-            abandon_grace=abandon_grace,
-            tool_call_id=tool_call_id,
-            model=model,
-            idempotency_key=idempotency_key,
-            idempotency_field=idempotency_field,
-        )
         made = asyncio.get_running_loop().create_task(_made_once_on_loop(post))
         created = await asyncio.shield(made)
         if created is not None:
             return _exchange(created)
-    return await database.run(arguments)
+    return await database.run(_exchange_of, post)
 
 
 async def _made_once_on_loop(post: _Post) -> Created | None:

@@ -283,8 +283,8 @@ def _create(
 async def _create_on_loop(request: ASGIRequest, key: str, post: dict[str, Any]) -> Created | None:
     """``_create`` for a token's post on PostgreSQL: the token's user and the creation
     from the event loop (``user_for_token``, ``services.post_message``), none of it in a
-    database thread. A token's request leaves the session alone, so describing the
-    answer needs no query either."""
+    database thread. A token's request leaves the session alone, so describing a new
+    answer needs no query either (a retry's does: its rows were read, not made)."""
     user = await user_for_token(key)
     if not user.is_authenticated:
         return None
@@ -299,6 +299,9 @@ async def _create_on_loop(request: ASGIRequest, key: str, post: dict[str, Any]) 
         )
     except (ServiceError, DBError):
         return None  # as in ``_create``
+    if exchange.generation is None:
+        # A retry's messages come from the database, their segments not read yet.
+        return await database.run(_described_exchange, request, exchange, user)
     return _described_exchange(request, exchange, user)
 
 
