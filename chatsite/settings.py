@@ -156,9 +156,6 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Threads that run database calls for async code (streaming.database); keep it below the
 # pool size so request threads always find a connection.
 DATABASE_THREADS = env_int("DATABASE_THREADS", 4)
-# Connections per process for the single statements sent from the event loop itself
-# (streaming.database.statement: an answer's final record); PostgreSQL only.
-DATABASE_LOOP_CONNECTIONS = env_int("DATABASE_LOOP_CONNECTIONS", 4)
 # Django requests (REST, admin, pages) served at once per process. Django runs each one in
 # a thread of its own; past this bound a request waits its turn on the event loop, holding
 # no thread and no connection, so a burst of thousands of POSTs queues instead of piling

@@ -10,7 +10,6 @@ thread, on every stream open and WebSocket handshake).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from importlib import import_module
 from typing import Any, cast
@@ -63,23 +62,8 @@ def cached_user(key: str) -> Any | None:
 
 
 async def user_for_token(key: str) -> Any:
-    """``_user_for_token`` from async code: a token this process holds costs no query, and
-    on PostgreSQL the lookup goes on the event loop (``database.statement``), not to a
-    database thread."""
-    cache = tokens.cache()
-    user = cache.cached(key)
-    if user is None:
-        reader = tokens.lookup(key)
-        if reader is None:
-            return AnonymousUser()
-        if not database.on_loop(reader.alias):
-            return await database.run(_user_for_token, key)
-        looked_up_at = time.monotonic()
-        result = await database.statement(reader.sql, [key], reader.alias)
-        found = reader.instances(result.columns, result.rows)
-        user = found[0] if found else None
-        cache.remember(key, user, looked_up_at)
-    return user if user is not None and user.is_active else AnonymousUser()
+    user = cached_user(key)
+    return user if user is not None else await database.run(_user_for_token, key)
 
 
 @dataclass(slots=True)
@@ -121,9 +105,7 @@ def known_user(scope: dict[str, Any]) -> Any | None:
 
 
 async def authenticate(scope: dict[str, Any]) -> Any:
-    """``resolve_user`` from async code: a token costs no trip to a database thread
-    (``user_for_token``), a session one."""
-    key = token_from_header(header(scope, b"authorization"))
-    if key is not None:
-        return await user_for_token(key) if key else AnonymousUser()
-    return await database.run(session_user, scope)
+    """``resolve_user`` from async code: a token this process holds costs no trip to a
+    database thread (most requests of a user after their first)."""
+    user = known_user(scope)
+    return user if user is not None else await database.run(resolve_user, scope)

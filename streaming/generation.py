@@ -26,7 +26,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from streaming import events, metrics, signals
+from streaming import database, events, metrics, signals
 from streaming.conf import streaming_settings
 from streaming.detokenize import Detokenizer
 from streaming.engines.base import (
@@ -564,7 +564,8 @@ class Generation:
         while True:
             started = time.monotonic()
             try:
-                owned = await finalize_segment(
+                owned = await database.run(
+                    finalize_segment,
                     message_id=self.plan.message_id,
                     conversation_id=self.plan.conversation_id,
                     segment_index=self.plan.segment_index,

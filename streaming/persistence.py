@@ -82,7 +82,7 @@ def _write(partials: list[Partial]) -> None:
         cursor.executemany(_FLUSH_SQL, rows)
 
 
-async def finalize_segment(
+def finalize_segment(
     *,
     message_id: str,
     conversation_id: str,
@@ -100,13 +100,11 @@ async def finalize_segment(
 
     ``content`` and ``reasoning`` are the whole message's; the segment's own parts begin
     at ``start_offset`` and ``reasoning_start_offset`` in them. ``tool_calls`` are the
-    segment's own, ``earlier_tool_calls`` those of the message's earlier segments. One
-    statement on PostgreSQL, sent from the event loop (``statements.update_chain_on_loop``),
-    a transaction in a database thread elsewhere."""
+    segment's own, ``earlier_tool_calls`` those of the message's earlier segments."""
     calls = list(tool_calls or [])
     now = timezone.now()
     t = termination
-    return await statements.update_chain_on_loop(
+    return statements.update_chain(
         [
             (
                 Segment,

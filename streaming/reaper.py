@@ -159,7 +159,8 @@ class Reaper:
             texts[-1] == events.REASONING if texts else bool(reasoning) and not content
         )
         done_seq = last_seq + 1
-        owned = await finalize_segment(
+        owned = await database.run(
+            finalize_segment,
             message_id=orphan.message_id,
             conversation_id=orphan.conversation_id,
             segment_index=orphan.segment_index,

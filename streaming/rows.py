@@ -66,14 +66,10 @@ class Reader(Generic[M]):
     def read(self, cursor: Any) -> list[M]:
         """The instances of the result ``cursor`` holds: ``sql`` executed on it (alone, or
         with other statements in one round trip)."""
+        connection = connections[self.alias]
         # Rows first: in a pipeline, fetching is what brings the result (and its columns).
         rows = cursor.fetchall()
-        return self.instances([column[0] for column in cursor.description], rows)
-
-    def instances(self, columns: list[str], rows: Sequence[Sequence[Any]]) -> list[M]:
-        """The instances of ``rows`` of ``sql``'s result, its columns named ``columns``
-        (a result read elsewhere: ``database.statement``'s)."""
-        connection = connections[self.alias]
+        columns = [column[0] for column in cursor.description]
         plan = self._plan
         if plan is None or plan.columns != columns:
             plan = self._make_plan(columns)

@@ -50,21 +50,6 @@ def locked_for_post(
         reads = statements.post_reads(user.pk, conversation_id, stored_key)
     except _NOTHING:
         raise NotFound("conversation not found") from None
-    return _found(conversation_id, reads)
-
-
-async def locked_for_post_on_loop(
-    tx: database.Transaction, user: Any, conversation_id: Any, stored_key: str | None
-) -> statements.PostReads:
-    """``locked_for_post`` in ``tx``, a transaction on the event loop."""
-    try:
-        read = statements.PostRead(user.pk, conversation_id, stored_key)
-    except _NOTHING:
-        raise NotFound("conversation not found") from None
-    return _found(conversation_id, read.result(await tx.read(read.statements)))
-
-
-def _found(conversation_id: Any, reads: statements.PostReads) -> statements.PostReads:
     if conversation_id is not None and reads.conversation is None:
         raise NotFound("conversation not found")
     return reads

@@ -39,12 +39,7 @@ from streaming.generation import Generation, SegmentPlan
 from streaming.models import Conversation, Message, Segment
 from streaming.params import ParamError, validate_params
 from streaming.runtime import get_runtime
-from streaming.selectors import (
-    conversation_for,
-    locked_for_post,
-    locked_for_post_on_loop,
-    message_for,
-)
+from streaming.selectors import conversation_for, locked_for_post, message_for
 from streaming.storable import UNSTORABLE, is_storable
 from streaming.termination import NATURAL_ENDS, Status
 from streaming.worker import WORKER_ID
@@ -376,140 +371,104 @@ def _replayed(
     return question, answer, None, siblings
 
 
-@dataclass(frozen=True, slots=True)
-class _Post:
-    """A post checked as far as it can be without the database (``_checked_post``).
-    ``raw_params`` were checked for ``model``'s engine (the default one for ""); they are
-    checked again for the engine that answers (the conversation's model may be another
-    engine's)."""
-
-    user: Any
-    conversation_id: Any
-    content: str
-    raw_params: Any
-    model: str
-    prior: list[ChatTurn]
-    grace: float | None
-    asked: ChatTurn
-    default_model: str
-    key: IdempotencyKey | None
-
-    @property
-    def stored_key(self) -> str | None:
-        return self.key.stored if self.key is not None else None
-
-
-def _create_exchange(post: _Post) -> Created:
-    """With ``post.key``, a retry of a request that made its messages gets those
-    (``_replayed``) and no plan."""
+def _create_exchange(
+    user: Any,
+    conversation_id: Any,
+    content: str,
+    raw_params: Any,
+    model: str,
+    prior: list[ChatTurn],
+    grace: float | None,
+    asked: ChatTurn,
+    default_model: str,
+    key: IdempotencyKey | None,
+) -> Created:
+    """``raw_params`` were checked for ``model``'s engine (the default one for ""); they
+    are checked again for the engine that answers (the conversation's model may be
+    another engine's). With ``key``, a retry of a request that made its messages gets
+    those (``_replayed``) and no plan."""
+    events: list[dict[str, Any]] = []
     with statements.creating_transaction() as tx:
         # The owner's row is locked first (with the conversation's), for the limit's count;
         # a new conversation is made with its messages or not at all.
-        reads = locked_for_post(post.user, post.conversation_id, post.stored_key)
-        created, events = _decided(post, reads, tx.write)
-        if events:
-            _notify(post.user.pk, *events)
-    return created
-
-
-async def _create_exchange_on_loop(post: _Post) -> Created | None:
-    """``_create_exchange`` in a transaction on the event loop (``database.transaction``:
-    PostgreSQL), the feed told once it has committed. None, having made nothing, for a
-    retry with a key whose request made its messages: replaying it reads through the
-    ORM, in a database thread."""
-    async with database.transaction() as tx:
-        reads = await locked_for_post_on_loop(tx, post.user, post.conversation_id, post.stored_key)
-        if post.key is not None and reads.keyed is not None:
-            return None
-        created, events = _decided(post, reads, statements.write_on_loop(tx))
-    if events:
-        get_runtime().notify(post.user.pk, events)
-    return created
-
-
-def _decided(
-    post: _Post, reads: statements.PostReads, write: statements.Write
-) -> tuple[Created, list[dict[str, Any]]]:
-    """What ``post`` makes, given what its transaction read under its lock: its rows,
-    stored by ``write`` in that transaction, and the feed events to send once it has
-    committed (none for a replay)."""
-    user, conversation_id, key, asked = post.user, post.conversation_id, post.key, post.asked
-    content, raw_params, model, prior = post.content, post.raw_params, post.model, post.prior
-    events: list[dict[str, Any]] = []
-    conversation = reads.conversation
-    # A new conversation has no model of its own yet.
-    model = model or (conversation.model if conversation is not None else "") or post.default_model
-    if key is not None and (made := reads.keyed) is not None:
-        fits = (
-            made.role == asked.role
-            and made.content == asked.content
-            and (conversation_id is None or str(made.conversation_id) == str(conversation_id))
-        )
-        return _replayed(key, made, fits, model, clean_params(raw_params, model)), []
-    if conversation is None:
-        # Stored with the answer's rows (``_start_answer``), in the same statement.
-        conversation = Conversation(owner_id=user.pk)
-        events.append(_event("conversation.created", conversation=str(conversation.id), title=""))
-    _refuse_over_capacity(reads.running)
-    params = clean_params(raw_params, model)
-    # After the branch shown; the conversation's lock orders concurrent posts.
-    parent_id = conversation.current_leaf_id
-    # The path down to it (the prompt so far) and the messages the question joins.
-    history: list[Message] = []
-    siblings_before: list[str] = []
-    if conversation_id is not None:
-        tree = History(reads.messages)
-        history = tree.path(parent_id)
-        siblings_before = [] if prior else tree.children(parent_id)
-        _refuse_streaming_path(history)
-    _check_tool_results(history, [*prior, asked])
-    earlier: list[Message] = []
-    for turn in prior:
-        earlier.append(
-            Message(
-                conversation=conversation,
-                parent_id=parent_id,
-                role=turn.role,
-                content=turn.content,
-                tool_calls=list(turn.tool_calls),
-                tool_call_id=turn.tool_call_id,
+        reads = locked_for_post(user, conversation_id, key.stored if key is not None else None)
+        if reads.conversation is not None:
+            conversation = reads.conversation
+        # A new conversation has no model of its own yet.
+        model = model or (conversation.model if conversation_id else "") or default_model
+        if key is not None and (made := reads.keyed) is not None:
+            fits = (
+                made.role == asked.role
+                and made.content == asked.content
+                and (conversation_id is None or str(made.conversation_id) == str(conversation_id))
             )
-        )
-        parent_id = earlier[-1].id
-    user_message = _ask(
-        conversation,
-        parent_id,
-        content,
-        role=asked.role,
-        tool_call_id=asked.tool_call_id,
-        key=key,
-    )
-    if not conversation.title:
-        conversation.title = _title_from(history, [*prior, asked])
-        conversation.title_source = Conversation.TitleSource.QUESTION
-        events.append(
-            _event(
-                "conversation.updated",
-                conversation=str(conversation.id),
-                title=conversation.title,
+            return _replayed(key, made, fits, model, clean_params(raw_params, model))
+        if conversation_id is None:
+            # Stored with the answer's rows (``_start_answer``), in the same statement.
+            conversation = Conversation(owner_id=user.pk)
+            events.append(
+                _event("conversation.created", conversation=str(conversation.id), title="")
             )
+        _refuse_over_capacity(reads.running)
+        params = clean_params(raw_params, model)
+        # After the branch shown; the conversation's lock orders concurrent posts.
+        parent_id = conversation.current_leaf_id
+        # The path down to it (the prompt so far) and the messages the question joins.
+        history: list[Message] = []
+        siblings_before: list[str] = []
+        if conversation_id is not None:
+            tree = History(reads.messages)
+            history = tree.path(parent_id)
+            siblings_before = [] if prior else tree.children(parent_id)
+            _refuse_streaming_path(history)
+        _check_tool_results(history, [*prior, asked])
+        earlier: list[Message] = []
+        for turn in prior:
+            earlier.append(
+                Message(
+                    conversation=conversation,
+                    parent_id=parent_id,
+                    role=turn.role,
+                    content=turn.content,
+                    tool_calls=list(turn.tool_calls),
+                    tool_call_id=turn.tool_call_id,
+                )
+            )
+            parent_id = earlier[-1].id
+        user_message = _ask(
+            conversation,
+            parent_id,
+            content,
+            role=asked.role,
+            tool_call_id=asked.tool_call_id,
+            key=key,
         )
-    assistant, plan = _start_answer(
-        user,
-        conversation,
-        [*history, *earlier, user_message],
-        params,
-        model,
-        post.grace,
-        new=(*earlier, user_message),
-        write=write,
-    )
-    events.append(_created(user_message, assistant))
-    siblings = {
-        str(user_message.id): [*siblings_before, str(user_message.id)],
-        str(assistant.id): [str(assistant.id)],
-    }
-    return (user_message, assistant, plan, siblings), events
+        if not conversation.title:
+            conversation.title = _title_from(history, [*prior, asked])
+            conversation.title_source = Conversation.TitleSource.QUESTION
+            events.append(
+                _event(
+                    "conversation.updated",
+                    conversation=str(conversation.id),
+                    title=conversation.title,
+                )
+            )
+        assistant, plan = _start_answer(
+            user,
+            conversation,
+            [*history, *earlier, user_message],
+            params,
+            model,
+            grace,
+            new=(*earlier, user_message),
+            write=tx.write,
+        )
+        _notify(user.pk, *events, _created(user_message, assistant))
+        siblings = {
+            str(user_message.id): [*siblings_before, str(user_message.id)],
+            str(assistant.id): [str(assistant.id)],
+        }
+    return user_message, assistant, plan, siblings
 
 
 def _title_from(history: list[Message], turns: list[ChatTurn]) -> str:
@@ -632,41 +591,6 @@ def create_exchange(
     event loop, which does no database work for it, so a request thread never waits on
     a database thread (nor holds a connection another call needs).
     """
-    post = _checked_post(
-        user,
-        conversation_id,
-        content,
-        raw_params,
-        prior=prior,
-        abandon_grace=abandon_grace,
-        tool_call_id=tool_call_id,
-        model=model,
-        idempotency_key=idempotency_key,
-        idempotency_field=idempotency_field,
-    )
-    return _exchange_of(post)
-
-
-def _exchange_of(post: _Post) -> Exchange:
-    """``create_exchange`` of a checked post, in the caller's thread."""
-    return _exchange(_made_once(functools.partial(_create_exchange, post), post.key))
-
-
-def _checked_post(
-    user: Any,
-    conversation_id: Any,
-    content: Any,
-    raw_params: Any,
-    *,
-    prior: list[ChatTurn] | None,
-    abandon_grace: float | None,
-    tool_call_id: str,
-    model: str,
-    idempotency_key: Any,
-    idempotency_field: str,
-) -> _Post:
-    """``create_exchange``'s arguments checked as far as they can be without the
-    database; refusals raise."""
     _accepting()
     runtime = get_runtime()
     content = _validate_content(content, tool_result=bool(tool_call_id))
@@ -679,7 +603,8 @@ def _checked_post(
         )
     key = IdempotencyKey.of(user, idempotency_key, idempotency_field)
     role = Message.Role.TOOL if tool_call_id else Message.Role.USER
-    return _Post(
+    create = functools.partial(
+        _create_exchange,
         user,
         conversation_id,
         content,
@@ -691,6 +616,7 @@ def _checked_post(
         runtime.engine.model,
         key,
     )
+    return _exchange(_made_once(create, key))
 
 
 def _made_once(create: Callable[[], Created], key: IdempotencyKey | None) -> Created:
@@ -726,12 +652,9 @@ async def post_message(
     idempotency_key: Any = None,
     idempotency_field: str = IDEMPOTENCY_HEADER,
 ) -> Exchange:
-    """``create_exchange`` for async callers. On PostgreSQL its transaction runs on the
-    event loop (``database.transaction``), no database thread involved; elsewhere, and
-    for the retry of a request that made its messages, it is one trip to a database
-    thread. As from a thread, a cancelled caller stops waiting and the post runs on to
-    its end (its answer starts)."""
-    post = _checked_post(
+    """``create_exchange`` for async callers: one trip to a database thread."""
+    return await database.run(
+        create_exchange,
         user,
         conversation_id,
         content,
@@ -743,24 +666,6 @@ async def post_message(
         idempotency_key=idempotency_key,
         idempotency_field=idempotency_field,
     )
-    if database.on_loop():
-        made = asyncio.get_running_loop().create_task(_made_once_on_loop(post))
-        created = await asyncio.shield(made)
-        if created is not None:
-            return _exchange(created)
-    return await database.run(_exchange_of, post)
-
-
-async def _made_once_on_loop(post: _Post) -> Created | None:
-    """``_create_exchange_on_loop``; None when only a database thread can answer (a key's
-    retry, or a key that collided: the thread's attempt finds the first request's
-    messages, as ``_made_once``'s second does)."""
-    try:
-        return await _create_exchange_on_loop(post)
-    except IntegrityError:
-        if post.key is None:
-            raise
-        return None
 
 
 def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPlan]:

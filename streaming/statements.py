@@ -32,7 +32,6 @@ from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model
 
-from streaming import database
 from streaming.models import Conversation, Message
 from streaming.rows import Reader, columns
 from streaming.termination import Status
@@ -166,29 +165,6 @@ def _start_insert_then_update(
         if obj is not None:
             update(obj, names)
         return _nothing
-    sql, params, mark = _insert_then_update_statement(groups, obj, names, alias)
-    cursor = connection.cursor()
-    try:
-        cursor.execute(sql, params)
-    except BaseException:
-        cursor.close()
-        raise
-
-    def stored(committed: bool) -> None:
-        with cursor:
-            rows = cursor.fetchall() if committed else []
-        if committed:
-            mark(rows)
-
-    return stored
-
-
-def _insert_then_update_statement(
-    groups: Sequence[Sequence[Model]], obj: Model | None, names: Sequence[str], alias: str
-) -> tuple[str, list[Any], Callable[[Sequence[Sequence[Any]]], None]]:
-    """``insert_then_update``'s one statement on PostgreSQL (``groups`` not empty), its
-    parameters, and what marks the rows stored from its result once committed."""
-    connection = connections[alias]
     ctes, params, reads, returns = [], [], [], []
     for i, group in enumerate(groups):
         sql, group_params, returning = _insert_parts(group, alias)
@@ -204,29 +180,22 @@ def _insert_then_update_statement(
         ctes.append(f"u AS ({usql})")
         params += uparams
     main = " UNION ALL ".join(reads) if reads else "SELECT NULL, NULL"
+    cursor = connection.cursor()
+    try:
+        cursor.execute(f"WITH {', '.join(ctes)} {main}", params)
+    except BaseException:
+        cursor.close()
+        raise
 
-    def mark(rows: Sequence[Sequence[Any]]) -> None:
-        for i, group in enumerate(groups):
-            keys = [key for at, key in rows if at == i] if returns[i] else None
-            _inserted(group, alias, keys)
+    def stored(committed: bool) -> None:
+        with cursor:
+            rows = cursor.fetchall() if reads and committed else []
+        if committed:
+            for i, group in enumerate(groups):
+                keys = [key for at, key in rows if at == i] if returns[i] else None
+                _inserted(group, alias, keys)
 
-    return f"WITH {', '.join(ctes)} {main}", params, mark
-
-
-def write_on_loop(tx: database.Transaction) -> Write:
-    """``insert_then_update`` in ``tx``, a transaction on the event loop (PostgreSQL):
-    its statement goes with the ``COMMIT``, and the rows are marked stored once
-    committed."""
-
-    def write(
-        groups: Sequence[Sequence[Model]], obj: Model | None = None, names: Sequence[str] = ()
-    ) -> None:
-        groups = [group for group in groups if group]
-        alias, _ = _connection(type(obj) if obj is not None else type(groups[0][0]))
-        sql, params, mark = _insert_then_update_statement(groups, obj, names, alias)
-        tx.write(sql, params, lambda result: mark(result.rows))
-
-    return write
+    return stored
 
 
 def _nothing(committed: bool) -> None:
@@ -275,9 +244,10 @@ Step = tuple[type[Model], Mapping[str, Any], Mapping[str, Any]]
 
 def update_chain(steps: Sequence[Step]) -> bool:
     """``update_rows`` for each step in order, each only when the step before it changed a
-    row; whether the first changed any. On PostgreSQL one statement (``_chain``),
-    elsewhere a transaction. The steps update different tables (a row changed twice in
-    one statement is undefined there). Atomic."""
+    row; whether the first changed any. On PostgreSQL one statement (each step a
+    data-modifying CTE guarded by ``EXISTS`` over the one before, which also takes the
+    rows' locks in the steps' order), elsewhere a transaction. The steps update
+    different tables (a row changed twice in one statement is undefined there). Atomic."""
     alias, connection = _connection(steps[0][0])
     if not _one_statement(connection):
         with transaction.atomic(using=alias):
@@ -285,28 +255,6 @@ def update_chain(steps: Sequence[Step]) -> bool:
                 if not update_rows(model, values, **where):
                     return i > 0
         return True
-    sql, params = _chain(steps, alias)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    return bool(row[0])
-
-
-async def update_chain_on_loop(steps: Sequence[Step]) -> bool:
-    """``update_chain`` from async code: on PostgreSQL its one statement goes on the event
-    loop (``database.statement``), elsewhere to a database thread."""
-    alias, connection = _connection(steps[0][0])
-    if not (_one_statement(connection) and database.on_loop(alias)):
-        return await database.run(update_chain, steps)
-    sql, params = _chain(steps, alias)
-    result = await database.statement(sql, params, alias)
-    return bool(result.rows[0][0])
-
-
-def _chain(steps: Sequence[Step], alias: str) -> tuple[str, list[Any]]:
-    """The chain as one statement: each step a data-modifying CTE guarded by ``EXISTS``
-    over the one before, which also takes the rows' locks in the steps' order. Its row:
-    how many rows the first step changed, and how many the last did."""
     ctes, params = [], []
     for i, (model, values, where) in enumerate(steps):
         sql, step_params = _update_parts(model, values, where, alias)
@@ -314,8 +262,14 @@ def _chain(steps: Sequence[Step], alias: str) -> tuple[str, list[Any]]:
         ctes.append(f"s{i} AS ({sql}{guard} RETURNING 1)")
         params += step_params
     last = len(steps) - 1
-    # The main query reads the last step, which makes every step before it run first.
-    return f"WITH {', '.join(ctes)} SELECT (SELECT COUNT(*) FROM s0), COUNT(*) FROM s{last}", params
+    with connection.cursor() as cursor:
+        # The main query reads the last step, which makes every step before it run first.
+        cursor.execute(
+            f"WITH {', '.join(ctes)} SELECT (SELECT COUNT(*) FROM s0), COUNT(*) FROM s{last}",
+            params,
+        )
+        row = cursor.fetchone()
+    return bool(row[0])
 
 
 def update(obj: Model, names: Sequence[str]) -> None:
@@ -470,47 +424,6 @@ class PostReads:
     keyed: Message | None  # the message stored with the request's idempotency key
 
 
-class PostRead:
-    """A post's reads (``post_reads``) as statements, for whichever connection runs them:
-    ``statements`` in order, in one round trip, then ``result`` of their results. A
-    malformed ``conversation_id`` raises (``ValidationError``) here, before any."""
-
-    def __init__(self, user_pk: Any, conversation_id: Any, stored_key: str | None) -> None:
-        alias, connection = _connection(Message)
-        self.alias = alias
-        self.new = conversation_id is None
-        self.keyed = stored_key is not None
-        key = None if self.new else _conversation_key(conversation_id, connection)
-        ran: list[tuple[str, list[Any]]] = []
-        if self.new:
-            ran.append((_lock_user_sql(alias), [user_pk]))
-        else:
-            ran.append((_lock_conversation(alias).sql, [key, user_pk]))
-        ran.append((_running_answers_sql(alias), [user_pk, Message.Role.ASSISTANT]))
-        if not self.new:
-            ran.append((_messages(alias).sql, [key]))
-        if stored_key is not None:
-            ran.append((_keyed(alias).sql, [stored_key]))
-        self.statements = ran
-
-    def result(self, results: Sequence[database.Rows]) -> PostReads:
-        alias = self.alias
-        given = iter(results)
-        locked, count = next(given), next(given)
-        read = None if self.new else next(given)
-        found = next(given) if self.keyed else None
-        rows = [] if self.new else _lock_conversation(alias).instances(locked.columns, locked.rows)
-        conversation = rows[0] if rows else None
-        listed = (
-            _messages(alias).instances(read.columns, read.rows)
-            if read is not None and conversation is not None
-            else []
-        )
-        earlier = _keyed(alias).instances(found.columns, found.rows) if found is not None else []
-        running = int(count.rows[0][0])
-        return PostReads(conversation, running, listed, earlier[0] if earlier else None)
-
-
 def post_reads(user_pk: Any, conversation_id: Any, stored_key: str | None) -> PostReads:
     """In a post's transaction: lock the user's conversation ``conversation_id`` and the
     user's row (only the user's row for a new conversation, ``None``), then count the
@@ -523,22 +436,31 @@ def post_reads(user_pk: Any, conversation_id: Any, stored_key: str | None) -> Po
     messages are read before the lock's answer is known, and dropped when the user has
     no such conversation. A malformed ``conversation_id`` raises (``ValidationError``)
     before any statement."""
-    read = PostRead(user_pk, conversation_id, stored_key)
-    connection = connections[read.alias]
+    alias, connection = _connection(Message)
+    new = conversation_id is None
+    key = None if new else _conversation_key(conversation_id, connection)
+    lock, messages, keyed = _lock_conversation(alias), _messages(alias), _keyed(alias)
     with contextlib.ExitStack() as cursors:
-        executed = []
+
+        def execute(sql: str, params: Sequence[Any]) -> Any:
+            cursor = cursors.enter_context(connection.cursor())
+            cursor.execute(sql, params)
+            return cursor
+
         with _one_round_trip(connection):
-            for sql, params in read.statements:
-                cursor = cursors.enter_context(connection.cursor())
-                cursor.execute(sql, params)
-                executed.append(cursor)
-        return read.result([_result(cursor) for cursor in executed])
-
-
-def _result(cursor: Any) -> database.Rows:
-    # Rows first: in a pipeline, fetching is what brings the result (and its columns).
-    rows = cursor.fetchall()
-    return database.Rows([column[0] for column in cursor.description], rows)
+            if new:
+                execute(_lock_user_sql(alias), [user_pk])
+            else:
+                locked = execute(lock.sql, [key, user_pk])
+            count = execute(_running_answers_sql(alias), [user_pk, Message.Role.ASSISTANT])
+            read = None if new else execute(messages.sql, [key])
+            found = None if stored_key is None else execute(keyed.sql, [stored_key])
+        rows = [] if new else lock.read(locked)
+        conversation = rows[0] if rows else None
+        running = int(count.fetchone()[0])
+        listed = messages.read(read) if read is not None and conversation is not None else []
+        earlier = keyed.read(found) if found is not None else []
+    return PostReads(conversation, running, listed, earlier[0] if earlier else None)
 
 
 # --- a post's transaction, in two round trips -------------------------------------------

@@ -70,14 +70,11 @@ class TokenCache:
         if user is not None:
             return user
         user = _lookup(key)
-        self.remember(key, user, looked_up_at=now)
+        if user is not None and user.is_active and self.seconds > 0:
+            self._keep(key, user, looked_up_at=now)
         return user
 
-    def remember(self, key: str, user: Any | None, looked_up_at: float) -> None:
-        """Keep what a lookup of ``key`` begun at ``looked_up_at`` (``time.monotonic``)
-        found: an active user, unless it was revoked since; never a key not found."""
-        if user is None or not user.is_active or self.seconds <= 0:
-            return
+    def _keep(self, key: str, user: Any, looked_up_at: float) -> None:
         values = tuple(getattr(user, field.attname) for field in user._meta.concrete_fields)
         with self._lock:
             if self._revoked.get(user.pk, float("-inf")) >= looked_up_at:
@@ -140,23 +137,17 @@ def _lookup_reader(alias: str) -> Reader[Any]:
     return Reader(user, alias, sql)
 
 
-def lookup(key: str) -> Reader[Any] | None:
-    """What reads token ``key``'s user from the database (its ``fetch([key])``: a list of
-    none or one), by SQL built once: the ORM compiled
-    ``Token.objects.select_related("user").get(key=...)`` anew for every lookup, several
-    times the cost of the query itself. The reader applies the fields' converters, so the
-    user is what that query would give. None when no stored key can hold ``key``'s text
-    (the database would refuse it)."""
+def _lookup(key: str) -> Any | None:
+    """The user of token ``key`` from the database (None: no such token), by SQL built
+    once: the ORM compiled ``Token.objects.select_related("user").get(key=...)`` anew for
+    every lookup, several times the cost of the query itself. The reader applies the
+    fields' converters, so the user is what that query would give."""
     from rest_framework.authtoken.models import Token
 
     if not is_storable(key):
-        return None
-    return _lookup_reader(router.db_for_read(Token))
-
-
-def _lookup(key: str) -> Any | None:
-    reader = lookup(key)
-    rows = reader.fetch([key]) if reader is not None else []
+        return None  # no stored key holds such text, and the database would refuse it
+    alias = router.db_for_read(Token)
+    rows = _lookup_reader(alias).fetch([key])
     return rows[0] if rows else None
 
 

@@ -55,7 +55,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.middleware.security import SecurityMiddleware
 
 from streaming import database, representation, services
-from streaming.auth import cached_user, header, resolve_user, token_from_header, user_for_token
+from streaming.auth import cached_user, header, resolve_user, token_from_header
 from streaming.errors import IDEMPOTENCY_META, REPLAYED_HEADER, ServiceError
 from streaming.jsonbody import InvalidBody, body_limit, decode_json_body, media_type
 from streaming.models import Message
@@ -277,36 +277,6 @@ def _create(
         # Any refusal or database error (Django's InterfaceError is not a DatabaseError):
         # the transaction rolled back, nothing was made.
         return None
-    return _described_exchange(request, exchange, user)
-
-
-async def _create_on_loop(request: ASGIRequest, key: str, post: dict[str, Any]) -> Created | None:
-    """``_create`` for a token's post on PostgreSQL: the token's user and the creation
-    from the event loop (``user_for_token``, ``services.post_message``), none of it in a
-    database thread. A token's request leaves the session alone, so describing a new
-    answer needs no query either (a retry's does: its rows were read, not made)."""
-    user = await user_for_token(key)
-    if not user.is_authenticated:
-        return None
-    try:
-        exchange = await services.post_message(
-            user,
-            request.scope["url_route"]["kwargs"].get("conversation_id"),
-            post["content"],
-            post["params"],
-            model=post["model"],
-            idempotency_key=request.META.get(IDEMPOTENCY_META),
-        )
-    except (ServiceError, DBError):
-        return None  # as in ``_create``
-    if exchange.generation is None:
-        # A retry's messages come from the database, their segments not read yet.
-        return await database.run(_described_exchange, request, exchange, user)
-    return _described_exchange(request, exchange, user)
-
-
-def _described_exchange(request: ASGIRequest, exchange: services.Exchange, user: Any) -> Created:
-    """The started ``exchange`` as the REST API's 201 describes it."""
     question, answer = exchange.user_message, exchange.assistant_message
     assert question is not None
     absolute = request.build_absolute_uri
@@ -353,11 +323,8 @@ async def create(scope: dict[str, Any], receive: Receive) -> Created | Receive:
     post = None if body is None else _post(body)
     if post is None:
         return replay
-    if key is not None and database.on_loop():
-        created = await _create_on_loop(request, key, post)
-    else:
-        # A token this process holds costs no query; anything else is resolved with the
-        # creation, in the same trip to a database thread.
-        user = cached_user(key) if key is not None else None
-        created = await database.run(_create, request, key, user, post)
+    # A token this process holds costs no trip; anything else is resolved with the
+    # creation, in the same one.
+    user = cached_user(key) if key is not None else None
+    created = await database.run(_create, request, key, user, post)
     return replay if created is None else created

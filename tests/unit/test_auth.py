@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
 from rest_framework.authtoken.models import Token
 
-from streaming import auth, database, tokens
+from streaming import auth, tokens
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,56 +27,20 @@ def token(monkeypatch: pytest.MonkeyPatch) -> Token:
     return Token.objects.create(user=User.objects.create_user("caller", password="pw-123456"))
 
 
-@pytest.fixture
-def lookups(trips: list[str], monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The database work of token lookups, in order: ``trips`` (the calls sent to a
-    database thread), and "statement" for each statement sent from the event loop."""
-    send = database.statement
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        trips.append("statement")
-        return await send(*args, **kwargs)
-
-    monkeypatch.setattr(database, "statement", counted)
-    return trips
-
-
-# A token's lookup: on PostgreSQL a statement from the event loop, else a database thread's.
-LOOKUP = "statement" if connection.vendor == "postgresql" else "_user_for_token"
-
-
-async def test_a_token_is_looked_up_once_then_held(token: Token, lookups: list[str]) -> None:
+async def test_a_held_token_needs_no_database_thread(token: Token, trips: list[str]) -> None:
     first = await auth.authenticate(_scope(f"Bearer {token.key}"))
-    assert first.pk == token.user_id and lookups == [LOOKUP]
-    assert isinstance(first, User) and first.username == "caller" and first.is_active
+    assert first.pk == token.user_id and trips == ["resolve_user"]
     again = await auth.authenticate(_scope(f"Token {token.key}"))
-    assert again.pk == token.user_id and lookups == [LOOKUP]
-    assert again is not first, "each caller gets an instance of its own"
+    assert again.pk == token.user_id and trips == ["resolve_user"]
     assert (await auth.user_for_token(token.key)).pk == token.user_id
-    assert lookups == [LOOKUP]
+    assert trips == ["resolve_user"]
 
 
-async def test_an_unknown_or_malformed_token_is_anonymous(token: Token, lookups: list[str]) -> None:
+async def test_an_unknown_or_malformed_token_is_anonymous(token: Token, trips: list[str]) -> None:
     assert not (await auth.authenticate(_scope("Token " + "0" * 40))).is_authenticated
     assert not (await auth.authenticate(_scope("Token"))).is_authenticated
     assert not (await auth.user_for_token("0" * 40)).is_authenticated
-    assert not (await auth.user_for_token("\x00")).is_authenticated
-    assert lookups == [LOOKUP, LOOKUP], "a malformed header or key is not looked up"
-
-
-async def test_an_inactive_users_token_is_anonymous_and_not_held(
-    token: Token, lookups: list[str]
-) -> None:
-    await User.objects.filter(pk=token.user_id).aupdate(is_active=False)
-    assert not (await auth.user_for_token(token.key)).is_authenticated
-    assert not (await auth.user_for_token(token.key)).is_authenticated
-    assert lookups == [LOOKUP, LOOKUP]
-
-
-async def test_a_session_is_read_in_a_database_thread(lookups: list[str]) -> None:
-    scope = {"type": "websocket", "headers": [], "session": None}
-    assert not (await auth.authenticate(scope)).is_authenticated
-    assert lookups == ["session_user"]
+    assert trips == ["resolve_user", "_user_for_token"], "a malformed header is not looked up"
 
 
 @pytest.mark.parametrize(

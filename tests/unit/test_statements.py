@@ -3,7 +3,6 @@ database the suite runs on (PostgreSQL in CI, SQLite without ``DATABASE_URL``)."
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import tempfile
 import threading
@@ -18,7 +17,6 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Model
 from django.db.models.signals import post_save, pre_save
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 
 from streaming import statements
 from streaming.models import Conversation, Message, Segment
@@ -222,45 +220,6 @@ def test_a_new_conversation_is_stored_with_its_messages_in_one_statement() -> No
     assert back.created_at is not None and back.updated_at is not None
     assert [m.owner_id for m in Message.objects.filter(conversation=back)] == [owner.pk] * 2
     assert not conversation._state.adding and segment.pk == Segment.objects.get().pk
-
-
-@pytest.mark.django_db(transaction=True)
-async def test_a_chain_from_the_loop_is_the_chain_in_one_statement_it_sends_itself() -> None:
-    """``update_chain_on_loop`` changes what ``update_chain`` does; on PostgreSQL without
-    a database thread (none is started) and with JSON, text and times as the ORM stores
-    them."""
-    from asgiref.sync import sync_to_async
-
-    from streaming import database
-
-    @sync_to_async
-    def made() -> tuple[Message, Conversation]:
-        conversation = Conversation.objects.create(owner=User.objects.create_user("al"))
-        answer = Message.objects.create(conversation=conversation, role="assistant")
-        Segment.objects.create(message=answer, index=0, status=Status.STREAMING)
-        return answer, conversation
-
-    answer, conversation = await made()
-    stamp = timezone.now()
-    steps = _steps(answer, conversation, index=0)
-    ended = {"tool_calls": [{"id": "c", "é": "日本"}], "status": Status.COMPLETE}
-    steps[0] = (Segment, ended, {**steps[0][2], "status": Status.STREAMING})
-    steps[1] = (Message, {"content": "Hé 🚀", "updated_at": stamp}, steps[1][2])
-    database.release()
-    assert await statements.update_chain_on_loop(_steps(answer, conversation, 1)) is False
-    assert await statements.update_chain_on_loop(steps) is True
-    assert await statements.update_chain_on_loop(steps) is False, "the segment has ended"
-    if connections["default"].vendor == "postgresql":
-        assert database._executor is None
-
-    @sync_to_async
-    def state() -> tuple[Any, ...]:
-        segment = Segment.objects.get(message=answer)
-        message = Message.objects.get(pk=answer.pk)
-        title = Conversation.objects.get(pk=conversation.pk).title
-        return segment.status, segment.tool_calls, message.content, message.updated_at, title
-
-    assert await state() == (Status.COMPLETE, [{"id": "c", "é": "日本"}], "Hé 🚀", stamp, "ended")
 
 
 def _steps(answer: Message, conversation: Conversation, index: int) -> list[statements.Step]:
@@ -582,115 +541,3 @@ def test_a_post_inside_another_transaction_writes_at_once(conversation: Conversa
     *_, segment = _post(conversation.owner_id, conversation)
     assert segment.pk is not None
     assert Message.objects.filter(conversation=conversation).count() == 2
-
-
-# --- a post's transaction on the event loop ---------------------------------------------
-on_the_loop = pytest.mark.skipif(
-    connections["default"].vendor != "postgresql", reason="transactions on the loop"
-)
-
-
-async def _post_on_loop(
-    owner: Any, conversation: Conversation, then: Callable[[], Any] = lambda: None
-) -> tuple[Message, Message, Segment]:
-    """``_post`` in a transaction on the event loop (``database.transaction``)."""
-    from streaming import database
-
-    async with database.transaction() as tx:
-        read = statements.PostRead(owner, conversation.id, None)
-        reads = read.result(await tx.read(read.statements))
-        question, answer, segment = _answer_rows(reads.conversation or conversation)
-        statements.write_on_loop(tx)([[question, answer], [segment]], conversation, ["updated_at"])
-        then()
-    return question, answer, segment
-
-
-@on_the_loop
-@pytest.mark.django_db(transaction=True)
-async def test_a_post_on_the_loop_reads_under_its_lock_and_commits_its_rows() -> None:
-    from asgiref.sync import sync_to_async
-
-    from streaming import database
-
-    @sync_to_async
-    def made() -> Conversation:
-        conversation = Conversation.objects.create(owner=User.objects.create_user("lo"), title="t")
-        Message.objects.create(conversation=conversation, role="user", content="before")
-        return conversation
-
-    conversation = await made()
-    before = conversation.updated_at
-    database.release()
-    question, answer, segment = await _post_on_loop(conversation.owner_id, conversation)
-    assert database._executor is None, "no database thread"
-    assert segment.pk is not None and not segment._state.adding, "its key read back"
-    assert not question._state.adding and not answer._state.adding
-
-    @sync_to_async
-    def stored() -> tuple[list[str], int, Any]:
-        contents = list(
-            Message.objects.filter(conversation=conversation)
-            .values_list("content", flat=True)
-            .order_by("created_at")
-        )
-        return (
-            contents,
-            Segment.objects.filter(pk=segment.pk).count(),
-            Conversation.objects.get(pk=conversation.pk).updated_at,
-        )
-
-    contents, segments, updated = await stored()
-    assert contents == ["before", "q", ""] and segments == 1
-    assert updated == conversation.updated_at > before
-    read = statements.PostRead(conversation.owner_id, conversation.id, None)
-    async with database.transaction() as tx:
-        again = read.result(await tx.read(read.statements))
-    assert again.running == 1 and [m.content for m in again.messages] == ["before", "q", ""]
-
-
-@on_the_loop
-@pytest.mark.django_db(transaction=True)
-async def test_a_post_on_the_loop_refused_after_its_writes_leaves_nothing() -> None:
-    from asgiref.sync import sync_to_async
-
-    from streaming import database
-
-    conversation = await sync_to_async(Conversation.objects.create)(
-        owner=await sync_to_async(User.objects.create_user)("re"), title="t"
-    )
-
-    def refuse() -> None:
-        raise RuntimeError("refused")
-
-    database.release()
-    with pytest.raises(RuntimeError):
-        await _post_on_loop(conversation.owner_id, conversation, then=refuse)
-    assert not await Message.objects.aexists() and not await Segment.objects.aexists()
-    [(connection, _)] = database._on_loops[asyncio.get_running_loop()].idle
-    assert database._idle_now(connection), "rolled back, and kept"
-
-
-@on_the_loop
-@pytest.mark.django_db(transaction=True)
-async def test_a_post_on_the_loop_whose_write_fails_raises_djangos_error_and_leaves_nothing() -> (
-    None
-):
-    from asgiref.sync import sync_to_async
-
-    from streaming import database
-
-    conversation = await sync_to_async(Conversation.objects.create)(
-        owner=await sync_to_async(User.objects.create_user)("wf"), title="t"
-    )
-    taken = await Message.objects.acreate(conversation=conversation, role="user", content="first")
-    segment = None
-    with pytest.raises(IntegrityError):
-        async with database.transaction() as tx:
-            read = statements.PostRead(conversation.owner_id, conversation.id, None)
-            read.result(await tx.read(read.statements))
-            question, answer, segment = _answer_rows(conversation)
-            question.id = taken.id  # the primary key of a stored message
-            statements.write_on_loop(tx)([[question, answer], [segment]])
-    assert [m.content async for m in Message.objects.all()] == ["first"]
-    assert not await Segment.objects.aexists()
-    assert segment is not None and segment._state.adding
