@@ -31,11 +31,17 @@ class Usage:
     rss_bytes: int
 
 
-def proc_usage(pid: int) -> Usage:
+def _stat(pid: int | str) -> tuple[str, list[str]]:
+    """``/proc/<pid>/stat``: the command name, and the fields after it. State is [0];
+    utime, stime, cutime, cstime (fields 14-17 of the full line) are [11] to [14]; rss
+    (pages, field 24) is [21]."""
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    # Fields after the command name: state is [0]; utime/stime are fields 14 and 15 of
-    # the full line, [11] and [12] here; rss (pages) is field 24, [21] here.
+        line = f.read()
+    return line[line.index("(") + 1 : line.rindex(")")], line.rsplit(")", 1)[1].split()
+
+
+def proc_usage(pid: int) -> Usage:
+    _, fields = _stat(pid)
     cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     return Usage(cpu, int(fields[21]) * PAGE_SIZE)
 
@@ -70,13 +76,11 @@ def machine_usage() -> MachineUsage:
         if not entry.name.isdigit():
             continue
         try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                line = f.read()
+            name, fields = _stat(entry.name)
         except OSError:  # exited meanwhile
             continue
-        service = SERVICE_NAMES.get(line[line.index("(") + 1 : line.rindex(")")])
+        service = SERVICE_NAMES.get(name)
         if service is not None:
-            fields = line.rsplit(")", 1)[1].split()
             services[service] += sum(int(x) for x in fields[11:15])  # utime..cstime
     return MachineUsage(
         busy / CLOCK_TICKS,

@@ -42,15 +42,21 @@ def test_partials_of_streaming_answers_are_written_in_one_statement() -> None:
     assert (ended.content, ended.last_seq, ended.status) == ("the final text", 0, Status.COMPLETE)
 
 
+def _streaming_answers(owner: str, contents: list[str]) -> list[Message]:
+    """Answers still streaming, one per text, in a new conversation of a new user."""
+    conversation = Conversation.objects.create(owner=User.objects.create_user(owner))
+    return [
+        Message.objects.create(
+            conversation=conversation, role="assistant", status=Status.STREAMING, content=content
+        )
+        for content in contents
+    ]
+
+
 def test_a_row_the_database_refuses_does_not_hold_back_the_batch() -> None:
     if connection.vendor != "postgresql":
         pytest.skip("only PostgreSQL refuses U+0000 in text")
-    owner = User.objects.create_user("refused")
-    conversation = Conversation.objects.create(owner=owner)
-    running = [
-        Message.objects.create(conversation=conversation, role="assistant", status=Status.STREAMING)
-        for _ in range(3)
-    ]
+    running = _streaming_answers("refused", [""] * 3)
     # Text is made storable before it gets here; a row that still is not must cost only itself.
     partials = [Partial(str(m.id), f"ok {i}", 5 + i) for i, m in enumerate(running)]
     partials[1] = Partial(str(running[1].id), "bad \x00 row", 6)
@@ -72,18 +78,10 @@ def _hot_updates() -> int:
 def test_a_partial_in_a_page_filled_by_inserts_touches_no_index() -> None:
     if connection.vendor != "postgresql":
         pytest.skip("heap-only updates and fill factors are PostgreSQL's")
-    owner = User.objects.create_user("pages")
-    conversation = Conversation.objects.create(owner=owner)
     # Rows of about 1.1 KiB inserted one after the other fill the table's pages as far as
     # its fill factor lets them: at 100 a page holds seven and has no room for an eighth
     # version, at 70 it holds four and has room for three.
-    running = [
-        Message.objects.create(
-            conversation=conversation, role="assistant", status=Status.STREAMING,
-            content=f"{i:04d}" * 250,
-        )
-        for i in range(64)
-    ]  # fmt: skip
+    running = _streaming_answers("pages", [f"{i:04d}" * 250 for i in range(64)])
     before = _hot_updates()
     # Each rewritten at the same size: a new version that fits only in room left free.
     flush_partials([Partial(str(m.id), m.content[::-1], 7) for m in running])
