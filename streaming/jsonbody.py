@@ -157,4 +157,7 @@ def decode_json_body(raw: bytes) -> Any:
     try:
         return decode_json(text)
     except InvalidJSON as exc:
-        raise InvalidBody(f"the request body {exc}", exc.field, exc.detail) from None
+        # Without a field the message is the whole sentence: a fragment ("is not valid
+        # JSON") would reach the client with nothing to say what is not.
+        detail = exc.detail if exc.field is not None else None
+        raise InvalidBody(f"the request body {exc}", exc.field, detail) from None

@@ -157,7 +157,8 @@ def _tool_choice(raw: Any, tools: list[dict[str, Any]]) -> Any:
         isinstance(raw, dict)
         and raw.get("type") == "function"
         and isinstance(function, dict)
-        and function.get("name") in names
+        and isinstance(function.get("name"), str)
+        and function["name"] in names
     ):
         return {"type": "function", "function": {"name": function["name"]}}
     raise ParamError(

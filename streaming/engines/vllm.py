@@ -469,8 +469,11 @@ def _no_room(body: Any) -> bool:
     inner = body.get("error") if isinstance(body, dict) else None
     if not isinstance(inner, dict):
         return False
-    return inner.get("param") in _CONTEXT_PARAMS and bool(
-        _NO_ROOM.search(str(inner.get("message", "")))
+    param = inner.get("param")
+    return (
+        isinstance(param, str)
+        and param in _CONTEXT_PARAMS
+        and bool(_NO_ROOM.search(str(inner.get("message", ""))))
     )
 
 

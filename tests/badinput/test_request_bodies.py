@@ -16,11 +16,15 @@ def test_deeply_nested_json_is_400_everywhere(daphne, account):
         rest = api.post(
             f"/api/conversations/{conversation}/messages/", content=deep, headers=headers
         )
-        assert_error(rest, 400, "invalid_body")
+        error = assert_error(rest, 400, "invalid_body")
+        assert error["message"].startswith("the request body is nested deeper than"), error
         bearer = {"Authorization": f"Bearer {account.token}", **headers}
         v1 = api.post("/v1/chat/completions", content=deep, headers=bearer)
         assert v1.status_code == 400
         assert v1.json()["error"]["code"] == "invalid_body"
+        assert v1.json()["error"]["message"].startswith("the request body is nested"), v1.text
+        broken = api.post("/v1/chat/completions", content=b"{", headers=bearer)
+        assert broken.json()["error"]["message"].startswith("the request body is not valid JSON")
 
 
 def test_openai_bounds_the_history_and_a_refusal_leaves_nothing(daphne, account):

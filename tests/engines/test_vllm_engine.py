@@ -27,7 +27,7 @@ from streaming.engines.base import (
     ModelInfo,
 )
 from streaming.engines.simulated import tokenize
-from streaming.engines.vllm import VLLMEngine, _ChunkParser, _error_from_body
+from streaming.engines.vllm import VLLMEngine, _ChunkParser, _error_from_body, _no_room
 from tests.emulator.server import await_request_end, run_emulator
 from tests.emulator.vllm_emulator import DEFAULT_MODEL, DEFAULT_TEXT
 
@@ -552,6 +552,18 @@ def test_error_body_shapes(body: Any, status: int, expected: tuple[str, str, int
     error = _error_from_body(body, status=status, text="oops")
 
     assert (error.message, error.type, error.code) == expected
+
+
+@pytest.mark.parametrize(
+    ("param", "no_room"),
+    [("max_tokens", True), (["max_tokens"], False), ({"max_tokens": 1}, False), (7, False)],
+)
+def test_only_a_400_naming_a_context_param_is_context_full(param: Any, no_room: bool) -> None:
+    """The engine's ``param`` is read as a name only when it is one: anything else (an
+    upstream that is not vLLM) is an ordinary 400, never a crash."""
+    body = {"error": {"message": "the maximum context length is 128 tokens", "param": param}}
+
+    assert _no_room(body) is no_room
 
 
 # --- real captures --------------------------------------------------------------------------

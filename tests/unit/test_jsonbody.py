@@ -66,5 +66,11 @@ def test_a_body_says_what_is_wrong_with_it() -> None:
     with pytest.raises(InvalidBody, match=r"^the request body has a number out of range") as big:
         decode_json_body(b"[1e999]")
     assert (big.value.field, big.value.detail) == ("[0]", "number 1e999 is too large")
-    with pytest.raises(InvalidBody, match=r"^the request body is nested deeper than"):
+    with pytest.raises(InvalidBody, match=r"^the request body is nested deeper than") as nested:
         decode_json_body(deep(MAX_DEPTH + 1).encode())
+    # Without a field, the error object's message is the whole sentence, not a fragment.
+    assert nested.value.field is None
+    assert nested.value.detail.startswith("the request body is nested deeper than")
+    with pytest.raises(InvalidBody) as broken:
+        decode_json_body(b"{")
+    assert broken.value.detail.startswith("the request body is not valid JSON")

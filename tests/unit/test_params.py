@@ -37,6 +37,13 @@ from streaming.params import ParamError, validate_params
             {"tool_choice": {"type": "function", "function": {"name": "unknown"}}},
             "params.tool_choice",
         ),
+        # A name that is no string cannot be looked up among the tools' (unhashable ones
+        # were a 500).
+        (
+            {"tool_choice": {"type": "function", "function": {"name": ["a"]}}},
+            "params.tool_choice",
+        ),
+        ({"tool_choice": {"type": "function", "function": {"name": {}}}}, "params.tool_choice"),
         ({"bogus": 1}, "params.bogus"),
         ({"simulation": {"nope": 1}}, "params.simulation.nope"),
         ({"simulation": []}, "params.simulation"),
