@@ -18,6 +18,7 @@ from django.conf import settings
 from django.contrib.auth import get_user
 from django.contrib.auth.models import AnonymousUser
 from django.http import HttpRequest
+from django.http.cookie import parse_cookie
 
 from streaming import database, tokens
 
@@ -84,6 +85,19 @@ def session_user(scope: dict[str, Any]) -> Any:
         return AnonymousUser()
     store = import_module(settings.SESSION_ENGINE).SessionStore(key)
     return get_user(cast(HttpRequest, _SessionOf(store)))
+
+
+def with_session(scope: dict[str, Any]) -> dict[str, Any]:
+    """``scope`` as Channels' session middleware would give it, for a route outside that
+    middleware whose request was already accepted with its session (a one-step post: the
+    CSRF check was its creation's): the session its cookie names, which ``session_user``
+    reads afresh on every check. A scope that has a session, or a token header (never
+    the session), is returned as it is. Nothing is read from the store here."""
+    if "session" in scope or header(scope, b"authorization") is not None:
+        return scope
+    cookies = header(scope, b"cookie")
+    key = parse_cookie(cookies).get(settings.SESSION_COOKIE_NAME) if cookies else None
+    return {**scope, "session": import_module(settings.SESSION_ENGINE).SessionStore(key)}
 
 
 def resolve_user(scope: dict[str, Any]) -> Any:

@@ -50,9 +50,8 @@ def by_session(scope: dict[str, Any]) -> bool:
 @dataclass(eq=False, slots=True)
 class _Held:
     scope: dict[str, Any]
-    # Whose stream it is; None when the caller could not tell cheaply (checked on every
-    # revocation, which are rare).
-    user_id: int | None
+    # Whose stream it is: only their revocations check it.
+    user_id: int
     task: asyncio.Task[Any]
     ended: bool = False
     # The next check of a session's stream.
@@ -67,12 +66,12 @@ class OpenStreams:
         # Credential checks under way, held until they end.
         self.checks: set[asyncio.Task[Any]] = set()
 
-    async def run(
-        self, scope: dict[str, Any], user_id: int | None, stream: Awaitable[None]
-    ) -> bool:
+    async def run(self, scope: dict[str, Any], user_id: int, stream: Awaitable[None]) -> bool:
         """Await ``stream`` in this task; True when it ran to its end, False when a
         revocation ended it (the caller then finishes its response). Any other
-        cancellation (the client left) goes on as it came."""
+        cancellation (the client left) goes on as it came. ``scope`` must hold the
+        credentials the stream was opened with (its session too, when it was opened with
+        one): a check that resolves no user from them ends it."""
         task = asyncio.current_task()
         assert task is not None
         held = _Held(scope, user_id, task)
@@ -95,7 +94,7 @@ class OpenStreams:
     def revoked(self, user_id: int) -> None:
         """``Runtime.on_revoked``: the user's streams check their credentials again."""
         for held in list(self.held):
-            if held.user_id is None or held.user_id == user_id:
+            if held.user_id == user_id:
                 start_check(self.checks, self._check(held))
 
     def _arm(self, held: _Held) -> None:
@@ -112,7 +111,7 @@ class OpenStreams:
         a session's periodic check, armed anew while the stream runs."""
         try:
             user = await authenticate(held.scope)
-            valid = user.is_authenticated and held.user_id in (None, user.pk)
+            valid = user.is_authenticated and user.pk == held.user_id
         except Exception:
             # Not known now: the next revocation or the next periodic check asks again.
             log.exception("could not check a stream's credentials")

@@ -31,7 +31,7 @@ import logging
 from typing import Any
 
 from streaming import selectors
-from streaming.auth import header
+from streaming.auth import authenticate, header, with_session
 from streaming.conf import streaming_settings
 from streaming.errors import error_bytes
 from streaming.metrics import ONE_STEP_POSTS
@@ -116,9 +116,15 @@ class OneStepAnswers:
             receive = lean  # the body read so far, then the rest
         ONE_STEP_POSTS.labels(path="django").inc()
         state = await self._create(scope, receive, send)
-        if state is not None:
-            # Whose answer it is, Django knew; a revocation checks this stream whoever's.
-            await self._stream(state, None, scope, receive, send)
+        if state is None:
+            return
+        # Whose answer it is, Django knew and did not say: the credentials it accepted
+        # tell again (held as that user's stream, it is checked on their revocations only).
+        user = await authenticate(with_session(scope))
+        if not user.is_authenticated:  # revoked since: as a revocation ends a stream
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        await self._stream(state, user.pk, scope, receive, send)
 
     async def _create_lean(
         self, scope: dict[str, Any], receive: Any, send: Any
@@ -159,7 +165,7 @@ class OneStepAnswers:
     async def _stream(
         self,
         state: MessageState,
-        user_id: int | None,
+        user_id: int,
         scope: dict[str, Any],
         receive: Any,
         send: Any,
@@ -183,8 +189,11 @@ class OneStepAnswers:
 
         gone = asyncio.create_task(_disconnected(receive))
         gone.add_done_callback(on_disconnect)
+        # Held with the credentials it was created with, its session's included (these
+        # routes are outside Channels' session middleware), for the checks to read again.
+        held = with_session(scope)
         try:
-            await streams.run(scope, user_id, send_events(subscription, frame_send(send)))
+            await streams.run(held, user_id, send_events(subscription, frame_send(send)))
         except asyncio.CancelledError:
             if not left:
                 raise

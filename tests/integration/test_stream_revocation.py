@@ -19,7 +19,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from tests.integration.test_ws_revocation import _log_in
-from tests.support.clients import auth, create_conversation, post_message
+from tests.support.clients import auth, create_conversation, post_message, wait_for_status
 
 pytestmark = pytest.mark.asyncio
 
@@ -54,6 +54,18 @@ class Reader:
         ended the response."""
         await asyncio.wait_for(self.task, 60)
         return self.kinds
+
+
+def one_step(server: Any, browser: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Reader:
+    """A signed-in page's post answered with its stream (its session and CSRF token)."""
+    page = {"X-CSRFToken": browser.cookies["csrftoken"], "Origin": server.url}
+    return Reader(
+        browser,
+        "POST",
+        url,
+        json=body,
+        headers={**page, "Referer": server.url + "/", "Accept": "text/event-stream"},
+    )
 
 
 async def test_a_deleted_token_ends_the_users_open_streams(
@@ -114,39 +126,64 @@ async def test_a_logout_ends_the_streams_of_that_session(daphne, account, needs_
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as api:
         conversation = await create_conversation(api, account.token)
         message = (await post_message(api, account.token, conversation, "long", **LONG))["id"]
-    reader = Reader(browser, "GET", f"/api/messages/{message}/stream/")
-    await asyncio.wait_for(reader.started.wait(), 30)
+    readers = [
+        Reader(browser, "GET", f"/api/messages/{message}/stream/"),
+        one_step(server, browser, "/api/messages/", {"content": "x", "params": LONG}),
+    ]
+    for reader in readers:
+        await asyncio.wait_for(reader.started.wait(), 30)
     out = await browser.post(
         "/accounts/logout/", headers={"X-CSRFToken": browser.cookies["csrftoken"]}
     )
     assert out.status_code in (200, 302), out.text
-    assert "done" not in await reader.ended()
+    for reader in readers:
+        assert "done" not in await reader.ended()
     again = await browser.get(f"/api/messages/{message}/stream/")
     assert again.status_code == 401
     await browser.aclose()
 
 
-async def test_a_session_that_expires_by_age_ends_its_streams(daphne, account) -> None:
+async def test_a_session_that_expires_by_age_ends_its_streams(
+    daphne, account, other_account
+) -> None:
     """Nothing announces a session's expiry: a stream opened with it checks it again every
     ``STREAM_SESSION_RECHECK`` and ends without its ``done`` once it expired, while a
-    stream whose session still stands runs to its end."""
-    server = daphne(STREAM_SESSION_RECHECK="0.2")
+    stream whose session still stands runs to its end through every check, and through
+    another user's signing in (a revocation of theirs). So do a signed-in page's one-step
+    posts, created on the lean path or by Django (a regenerate), whose routes are
+    outside the session middleware."""
+    server = daphne(STREAM_SESSION_RECHECK="0.2", MAX_CONCURRENT_GENERATIONS_PER_USER="8")
     expiring, lasting = await _log_in(server, account), await _log_in(server, account)
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as api:
         first, second = [await create_conversation(api, account.token) for _ in range(2)]
         long = (await post_message(api, account.token, first, "long", **LONG))["id"]
         short = (await post_message(api, account.token, second, "short", **SHORT))["id"]
-    gone = Reader(expiring, "GET", f"/api/messages/{long}/stream/")
-    kept = Reader(lasting, "GET", f"/api/messages/{short}/stream/")
-    for reader in (gone, kept):
+        answered = await create_conversation(api, account.token)
+        quick = {"simulation": {"length": 2, "tokens_per_second": 200, "ttft_ms": 0}}
+        earlier = (await post_message(api, account.token, answered, "earlier", **quick))["id"]
+        await wait_for_status(api, account.token, earlier)
+
+    gone = [
+        Reader(expiring, "GET", f"/api/messages/{long}/stream/"),
+        one_step(server, expiring, "/api/messages/", {"content": "x", "params": LONG}),
+    ]
+    kept = [
+        Reader(lasting, "GET", f"/api/messages/{short}/stream/"),
+        one_step(server, lasting, "/api/messages/", {"content": "x", "params": SHORT}),
+        one_step(server, lasting, f"/api/messages/{earlier}/regenerate/", {"params": SHORT}),
+    ]
+    for reader in [*gone, *kept]:
         await asyncio.wait_for(reader.started.wait(), 30)
+    (await _log_in(server, other_account)).cookies.clear()  # their revocation, not ours
     key = expiring.cookies["sessionid"]
     expired = await sync_to_async(Session.objects.filter(session_key=key).update)(
         expire_date=timezone.now() - timedelta(seconds=1)
     )
     assert expired == 1
-    assert "done" not in await gone.ended()
-    assert (await kept.ended())[-1] == "done", "the other session's checks passed"
+    for reader in gone:
+        assert "done" not in await reader.ended()
+    for reader in kept:
+        assert (await reader.ended())[-1] == "done", "the other session's checks passed"
     again = await expiring.get(f"/api/messages/{long}/stream/")
     assert again.status_code == 401
     for browser in (expiring, lasting):

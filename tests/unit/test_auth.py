@@ -3,9 +3,13 @@ event loop, anything else in one database trip."""
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 
@@ -60,3 +64,32 @@ async def test_an_unknown_or_malformed_token_is_anonymous(token: Token, trips: l
 )
 def test_a_header_names_the_key_the_rest_api_reads(header: str | None, key: str | None) -> None:
     assert auth.token_from_header(header) == key
+
+
+async def test_a_scope_outside_the_session_middleware_gets_its_cookies_session() -> None:
+    """A one-step post's scope: its session is the one its cookie names, read afresh by
+    every check, so a session that ends (a logout) ends what it authenticated."""
+    user = await User.objects.acreate(username="browser")
+    store = import_module(settings.SESSION_ENGINE).SessionStore()
+    await sync_to_async(_sign_in)(store, user)
+    cookie = f"csrftoken=x; {settings.SESSION_COOKIE_NAME}={store.session_key}; theme=dark"
+    scope = {"type": "http", "headers": [(b"cookie", cookie.encode())]}
+
+    held = auth.with_session(scope)
+    assert (await auth.authenticate(held)).pk == user.pk
+    assert not (await auth.authenticate(scope)).is_authenticated  # no session: nobody
+    await sync_to_async(store.flush)()
+    assert not (await auth.authenticate(held)).is_authenticated
+
+    with_token = {"type": "http", "headers": [*scope["headers"], (b"authorization", b"Token k")]}
+    assert auth.with_session(with_token) is with_token  # a token never falls back
+    assert auth.with_session(held) is held
+    assert not (await auth.authenticate(auth.with_session({"type": "http"}))).is_authenticated
+
+
+def _sign_in(store: Any, user: User) -> None:
+    """What ``django.contrib.auth.login`` stores in a session."""
+    store[SESSION_KEY] = str(user.pk)
+    store[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    store[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    store.save()

@@ -49,14 +49,10 @@ async def test_a_stream_that_ends_says_so() -> None:
 
 async def test_a_revocation_ends_only_the_streams_it_took_the_credentials_of(who) -> None:
     streams = held.OpenStreams()
-    who.update(mine=1, other=2, unknown=1)
+    who.update(mine=1, other=2, switched=1)
     started = {name: asyncio.Event() for name in who}
     runs = {
-        name: asyncio.create_task(
-            streams.run(
-                {"name": name}, None if name == "unknown" else who[name], forever(started[name])
-            )
-        )
+        name: asyncio.create_task(streams.run({"name": name}, who[name], forever(started[name])))
         for name in who
     }
     for event in started.values():
@@ -66,11 +62,12 @@ async def test_a_revocation_ends_only_the_streams_it_took_the_credentials_of(who
     await until_checked(streams)
     assert not any(run.done() for run in runs.values())
 
-    who.update(mine=None, unknown=None)  # now they are gone
+    # Now they are gone, or resolve to another user (a session signed in again as them).
+    who.update(mine=None, switched=2)
     streams.revoked(1)
     await until_checked(streams)
     assert await runs["mine"] is False
-    assert await runs["unknown"] is False
+    assert await runs["switched"] is False
     assert not runs["other"].done()
     runs["other"].cancel()
     with pytest.raises(asyncio.CancelledError):
