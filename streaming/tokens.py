@@ -2,12 +2,13 @@
 
 A token's user is kept in the process for ``TOKEN_CACHE_SECONDS`` after a lookup (never a
 key that was not found: a new token works at once). Revocation is exact up to control's
-delivery: deleting a token, or saving or deleting its user (deactivated, rights changed,
-removed), drops that user's entries here at once and, once the change is committed, in
-every process through control (milliseconds). A lookup that was under way when its user
-was revoked is not kept, so a stale read cannot come back after the revocation. Only a
-process that misses the control message (its Redis connection was down) can keep an entry,
-for ``TOKEN_CACHE_SECONDS`` at most; so can a change made outside Django (plain SQL).
+delivery: deleting a token or giving it to another user, or saving or deleting its user
+(deactivated, rights changed, removed), drops that user's entries here at once and, once
+the change is committed, in every process through control (milliseconds). A lookup that
+was under way when its user was revoked is not kept, so a stale read cannot come back
+after the revocation. Only a process that misses the control message (its Redis
+connection was down) can keep an entry, for ``TOKEN_CACHE_SECONDS`` at most; so can a
+change made outside Django's signals (plain SQL, a queryset's ``update()``).
 
 Each hit is a fresh ``User`` built from the cached column values (``Model.from_db``): no
 two requests share an instance.
@@ -169,6 +170,31 @@ def cache() -> TokenCache:
 
 def token_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
     cache().revoked(instance.user_id)
+
+
+# Set on a token being saved: its owner before the save (None: a new token).
+_PREVIOUS_OWNER = "_streaming_previous_owner"
+
+
+def token_saving(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """Before a token is saved: whose it is now (``token_saved`` compares)."""
+    from rest_framework.authtoken.models import Token
+
+    previous = None
+    if not instance._state.adding and instance.key:
+        # By its key: the proxy's ``pk`` is its user's id.
+        stored = Token.objects.filter(key=instance.key).values_list("user_id").first()
+        previous = None if stored is None else stored[0]
+    setattr(instance, _PREVIOUS_OWNER, previous)
+
+
+def token_saved(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """A token given to another user (the admin's token page can) is its old owner's no
+    longer: their entries go, and their open streams check their credentials again. After
+    the row changed, so that what those checks read is the new owner."""
+    previous = instance.__dict__.pop(_PREVIOUS_OWNER, None)
+    if previous is not None and previous != instance.user_id:
+        cache().revoked(previous)
 
 
 def user_changed(sender: Any, instance: Any, created: bool = False, **kwargs: Any) -> None:

@@ -1,6 +1,7 @@
 """An open WebSocket loses its access when its credentials do, as a request does: a
-deleted token or a deactivated user closes the user's sockets (4401) in every process,
-through control, while other users' sockets stay open (docs/protocol.md)."""
+deleted token, a token given to another user or a deactivated user closes the user's
+sockets (4401) in every process, through control, while other users' sockets stay open
+(docs/protocol.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 import websockets
 from asgiref.sync import sync_to_async
+from django.contrib.auth.models import User
 from django.contrib.sessions.models import Session
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
@@ -66,6 +68,15 @@ async def test_revoked_credentials_close_the_users_sockets_everywhere(
     assert await still_open(socket)
     later.user.is_active = False
     await sync_to_async(later.user.save)()
+    assert await close_code(socket) == REVOKED
+    # A token given to another user (the admin's token page can): the sockets opened with
+    # it were its old owner's.
+    given = await sync_to_async(make_account)("erin")
+    socket = await ChatSocket.connect(servers[1].ws_url, given.token)
+    assert await still_open(socket)
+    token = await Token.objects.aget(key=given.token)
+    token.user = await User.objects.acreate(username="frank")
+    await sync_to_async(token.save)()
     assert await close_code(socket) == REVOKED
     # A change that leaves the user able to sign in closes nothing.
     other_account.user.first_name = "Mallory"

@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from rest_framework.authtoken.models import Token
+from rest_framework.authtoken.models import Token, TokenProxy
 
 from streaming import tokens
 from streaming.tokens import TokenCache
@@ -60,6 +60,18 @@ def test_a_deleted_token_is_gone_at_once(cache, token):
     token.delete()  # leaves token.key None
     found, counted = queries(lambda: cache.user_for(key))
     assert (found, counted) == (None, 1)
+
+
+@pytest.mark.parametrize("model", [Token, TokenProxy])  # the admin saves the proxy
+def test_a_token_given_to_another_user_is_theirs_at_once(cache, token, model):
+    """Its old owner's entries go (and their streams are checked again, by the same
+    revocation): the key resolves to its new user on the next request."""
+    assert cache.user_for(token.key).pk == token.user_id
+    moved = model.objects.get(pk=token.pk)
+    moved.user = User.objects.create_user("new-owner")
+    moved.save()
+    found, counted = queries(lambda: cache.user_for(token.key))
+    assert (found.username, counted) == ("new-owner", 1)
 
 
 def test_a_key_no_row_can_hold_is_unknown_without_a_query(cache):
