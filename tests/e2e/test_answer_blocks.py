@@ -16,13 +16,18 @@ THOUGHT = "First <b>this</b>, then that: 日本語 🚀."
 def test_thinking_streams_above_the_answer_then_folds_away(open_chat):
     chat = open_chat()
     answer = chat.ask(
-        "think first", reasoning=THOUGHT, text="The answer.", tokens_per_second=8, ttft_ms=0
+        "think first", reasoning=THOUGHT, text="The answer.", tokens_per_second=4, ttft_ms=0
     )
     thinking = answer.locator("details.thinking")
     # Live while the model thinks: open, labelled, the text arriving.
     expect(thinking).to_have_attribute("data-state", "thinking")
     expect(thinking).to_have_attribute("open", "")
     expect(thinking.locator("summary")).to_have_text("Thinking…")
+    # A model that thinks is not waiting for its first token: the state line says nothing
+    # of it while the reasoning still streams.
+    expect(thinking.locator(".thinking-text")).not_to_be_empty()
+    expect(answer.locator(".stream-state")).not_to_contain_text("Waiting")
+    expect(thinking).to_have_attribute("data-state", "thinking")
     expect(answer).to_have_attribute("data-status", "complete", timeout=20_000)
     # Folded once the answer began, with how long it took; reasoning is text, not markup.
     expect(thinking).not_to_have_attribute("open", "")

@@ -183,7 +183,23 @@ def test_keyboard_shortcuts_and_their_help(open_chat):
 
     answer = chat.ask("count", length=2000, tokens_per_second=20, ttft_ms=0)
     expect(chat.content(answer)).not_to_be_empty()
-    page.locator("#conversation-title").click()  # focus away from the message box
+    # Esc in another field is that field's: cancelling an edit, leaving the search box.
+    question = page.locator("article.message.user").last
+    question.get_by_role("button", name="Edit this message").click()
+    page.get_by_label("Edit your message").press("Escape")
+    expect(page.get_by_label("Edit your message")).to_have_count(0)
+    page.get_by_label("Search conversations").press("Escape")
+    # A Stop shows at once ("Stopping…"), before the server's answer: none was asked for.
+    expect(answer.locator(".stream-state")).not_to_contain_text("Stop")
+    expect(answer).to_have_attribute("data-status", "streaming")
+    page.get_by_label("Message", exact=True).fill("draft")
+    page.get_by_label("Message", exact=True).press("Escape")  # the message box's Esc stops
+    expect(answer).to_have_attribute("data-status", "cancelled")
+    assert page.get_by_label("Message", exact=True).input_value() == "draft"
+
+    answer = chat.ask("count again", length=2000, tokens_per_second=20, ttft_ms=0)
+    expect(chat.content(answer)).not_to_be_empty()
+    page.locator("#conversation-title").click()  # focus away from any field
     page.keyboard.press("Escape")
     expect(answer).to_have_attribute("data-status", "cancelled")
 

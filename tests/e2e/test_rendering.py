@@ -51,8 +51,13 @@ HOSTILE_MARKDOWN = "\n\n".join(
         "$\\href{javascript:window.pwned=8}{math link}$ and <style>body{display:none}</style>",
         "[https://bank.example.com/login](https://evil.example/login) <iframe src=x></iframe>",
         '<a href="https://evil.example/">html link</a> [mail](mailto:someone@example.com)',
+        "[![badge](https://ci.example/badge.svg)](https://ci.example/runs)",
+        "$\\rule{300em}{0.2em}$",  # a rule wider than pages
     ]
 )
+# Math that moves a box out of its answer, onto the page beside it (a negative kern: no
+# size cap reaches it).
+SPOOF = "$\\kern-2.75em\\colorbox{#e7eefc}{SPOOF}$"
 
 
 def test_markdown_that_tries_to_make_html_is_defused(open_chat):
@@ -60,7 +65,8 @@ def test_markdown_that_tries_to_make_html_is_defused(open_chat):
     page = chat.page
     requested: list[str] = []
     page.on("request", lambda r: requested.append(r.url))
-    answer = chat.ask("try harder", text=HOSTILE_MARKDOWN, tokens_per_second=400)
+    text = f"{HOSTILE_MARKDOWN}\n\n{SPOOF}"
+    answer = chat.ask("try harder", text=text, tokens_per_second=400)
     expect(answer).to_have_attribute("data-status", "complete")
     content = chat.content(answer)
     expect(content).to_contain_text('<div onclick="window.pwned=4">a block of HTML</div>')
@@ -83,6 +89,28 @@ def test_markdown_that_tries_to_make_html_is_defused(open_chat):
     )
     for link in content.locator("a").all():
         expect(link).to_have_attribute("rel", "noopener noreferrer nofollow")
+        assert link.inner_text().strip(), "no empty link (one split by a link inside it)"
+    # A linked image is that link's label: one link, to where the badge points.
+    expect(content.get_by_role("link", name="Image: badge")).to_have_attribute(
+        "href", "https://ci.example/runs"
+    )
+    expect(content.locator("a a")).to_have_count(0)
+    # Nothing of the answer is drawn outside its bubble, nor widens the page.
+    spoof = content.locator(".katex-html").get_by_text("SPOOF", exact=True)
+    expect(spoof).to_have_count(1)
+    outside, on_page, hit = spoof.evaluate(
+        """node => {
+             const r = node.getBoundingClientRect(), x = r.x + r.width / 2, y = r.y + r.height / 2;
+             const within = (b) => b.left <= x && x <= b.right && b.top <= y && y <= b.bottom;
+             const at = document.elementFromPoint(x, y);
+             return [!within(node.closest(".content").getBoundingClientRect()),
+                     within(document.getElementById("log").getBoundingClientRect()),
+                     at !== null && node.contains(at)]; }"""
+    )
+    assert outside and on_page, "the box was moved out of the answer, onto the message log"
+    assert hit is False, "and is not drawn there"
+    assert page.evaluate("document.scrollingElement.scrollWidth <= innerWidth")
+    assert page.locator("#log").evaluate("log => log.scrollWidth <= log.clientWidth")
     content.locator("text=a block of HTML").click()
     assert page.evaluate("window.pwned") is None
     assert chat.dialogs == []

@@ -690,11 +690,15 @@ maxTokensInput.placeholder = String(config.defaultMaxTokens);
 
 // --- theme and shortcuts ---------------------------------------------------------------
 themeSwitch($("theme"));
-installShortcuts($("shortcuts"), {
-  newConversation,
-  focusComposer: () => input.focus(),
-  stop,
-});
+installShortcuts(
+  $("shortcuts"),
+  {
+    newConversation,
+    focusComposer: () => input.focus(),
+    stop,
+  },
+  input,
+);
 
 // --- readiness: is the engine reachable? -----------------------------------------------
 function unreadyReason(body) {

@@ -48,7 +48,10 @@ function startEditing(node, message, edit) {
     else save.disabled = false;
   });
   field.addEventListener("keydown", (e) => {
-    if (e.key === "Escape") stopEditing();
+    if (e.key === "Escape") {
+      e.stopPropagation(); // this field's: not the page's Esc, which stops the answer
+      stopEditing();
+    }
   });
   bubble.hidden = true;
   bubble.after(editor);

@@ -122,8 +122,8 @@ export class AssistantBubble {
     // every few characters while it streams (its state line below it is still announced).
     this.bubble.setAttribute("aria-busy", "true");
     this.cutOff.hidden = true;
-    // Waiting for this segment's first token, then counting any silence between tokens.
-    this.segmentText = false;
+    // Waiting for this segment's first output, then counting any silence between tokens.
+    this.segmentOutput = false;
     this.lastTokenAt = performance.now();
     clearInterval(this.clock);
     this.clock = setInterval(() => this.showState(), 1000);
@@ -147,7 +147,7 @@ export class AssistantBubble {
   waiting() {
     if (this.status !== "streaming" || this.connectionState !== "live") return "";
     const quiet = Math.floor((performance.now() - this.lastTokenAt) / 1000);
-    if (!this.segmentText) return quiet >= 1 ? `Waiting for the first token… ${quiet} s` : "Waiting for the first token…";
+    if (!this.segmentOutput) return quiet >= 1 ? `Waiting for the first token… ${quiet} s` : "Waiting for the first token…";
     return quiet * 1000 >= QUIET_MS ? `No tokens for ${quiet} s…` : "";
   }
 
@@ -161,26 +161,35 @@ export class AssistantBubble {
           : "";
     const text = [words || this.waiting(), stop, this.error].filter(Boolean).join(" ");
     if (this.state.textContent !== text) this.state.textContent = text;
-    this.node.dataset.waiting = this.segmentText ? "" : "first-token";
+    this.node.dataset.waiting = this.segmentOutput ? "" : "first-token";
+  }
+
+  /** The model produced something: its text, its reasoning or a tool call. Waiting for
+   *  the first token is over (a model that thinks first is not stuck), and any silence is
+   *  counted from now. */
+  produced() {
+    this.lastTokenAt = performance.now();
+    if (!this.segmentOutput) {
+      this.segmentOutput = true;
+      this.showState();
+    } else if (this.state.textContent.startsWith("No tokens")) {
+      this.showState();
+    }
   }
 
   event(event) {
     if (event.type === "delta") {
       this.thinking.settle();
       this.text += event.text;
-      this.lastTokenAt = performance.now();
-      if (!this.segmentText && event.text) {
-        this.segmentText = true;
-        this.showState();
-      } else if (this.state.textContent.startsWith("No tokens")) {
-        this.showState();
-      }
+      if (event.text) this.produced();
       this.scheduleRender();
     } else if (event.type === "reasoning") {
       this.thinking.append(event.text);
+      if (event.text) this.produced();
     } else if (event.type === "tool_call") {
       this.thinking.settle();
       this.tools.add(event);
+      this.produced();
     } else if (event.type === "error") {
       this.error = `Error: ${event.error ? event.error.message : "unknown"}`;
       this.showState();

@@ -87,6 +87,11 @@ function codeBlock({ text, lang, raw }) {
   );
 }
 
+// Links being rendered around the current token: an image inside one (a badge that links
+// elsewhere) is its label, not a link of its own (a link in a link is split apart by the
+// HTML parser, leaving the outer one empty).
+let linkDepth = 0;
+
 const renderer = {
   // Markup written by the model is text: shown as the characters it is made of.
   html({ text, block }) {
@@ -95,7 +100,13 @@ const renderer = {
   link(token) {
     const url = safeUrl(token.href);
     if (!url) return escapeHtml(token.raw);
-    const inner = this.parser.parseInline(token.tokens);
+    linkDepth += 1;
+    let inner;
+    try {
+      inner = this.parser.parseInline(token.tokens);
+    } finally {
+      linkDepth -= 1;
+    }
     const claimed = claimedHost(token.text);
     const note =
       claimed && !sameHost(claimed, url.hostname)
@@ -107,6 +118,7 @@ const renderer = {
     const url = safeUrl(token.href);
     if (!url) return escapeHtml(token.raw);
     const label = escapeHtml(`Image: ${token.text || url.hostname}`);
+    if (linkDepth > 0) return `<span class="image-link">${label}</span>`;
     return `<a class="image-link" href="${escapeHtml(url.href)}" title="${escapeHtml(url.href)}">${label}</a>`;
   },
   code: codeBlock,
@@ -114,7 +126,12 @@ const renderer = {
 
 const OPTIONS = { gfm: true, breaks: true };
 const marked = new Marked(OPTIONS);
-marked.use(markedKatex({ throwOnError: false, output: "htmlAndMathml" }));
+// Sizes the TeX gives (\rule, \kern, \raisebox) are capped, and macros expanded a bounded
+// number of times: math must not draw a page of its own, or outside its answer (the CSS
+// clips what still would, such as a negative kern, which no cap reaches).
+marked.use(
+  markedKatex({ throwOnError: false, output: "htmlAndMathml", maxSize: 10, maxExpand: 100 }),
+);
 marked.use({ renderer });
 
 const SANITIZE = {

@@ -3,11 +3,24 @@
 //
 //   Ctrl+Shift+O  new conversation      Shift+Esc  focus the message box
 //   Esc           stop the answer       Ctrl+/     show the shortcuts
+//
+// Esc stops the answer from the message box or from outside any field; in another field
+// (search, the settings, a message being edited) it is that field's, as in the products
+// people know: cancelling an edit must not stop the answer streaming meanwhile.
 
 const MAC = /Mac|iPhone|iPad/.test(navigator.platform || navigator.userAgent);
+const FIELDS = "input, textarea, select, [contenteditable]:not([contenteditable='false'])";
 
-/** `actions`: {newConversation(), focusComposer(), stop() -> bool (something stopped)}. */
-export function installShortcuts(popover, actions) {
+/** Whether a key pressed in `target` belongs to a field of its own (not the composer). */
+function inOtherField(target, composer) {
+  return target instanceof Element && target !== composer && target.closest(FIELDS) !== null;
+}
+
+/**
+ * `actions`: {newConversation(), focusComposer(), stop() -> bool (something stopped)};
+ * `composer`: the message box, from which Esc stops the answer.
+ */
+export function installShortcuts(popover, actions, composer) {
   if (MAC) for (const key of popover.querySelectorAll("kbd.mod")) key.textContent = "⌘";
   document.addEventListener("keydown", (e) => {
     const mod = MAC ? e.metaKey : e.ctrlKey;
@@ -23,6 +36,7 @@ export function installShortcuts(popover, actions) {
       actions.focusComposer();
     } else if (e.key === "Escape" && !e.defaultPrevented && !document.querySelector("dialog[open]")) {
       if (popover.matches(":popover-open")) return; // Esc closes the popover first
+      if (inOtherField(e.target, composer)) return;
       if (actions.stop()) e.preventDefault();
     }
   });
