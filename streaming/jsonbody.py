@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.conf import settings
+
+from streaming.storable import is_storable
+
+T = TypeVar("T")
 
 
 def body_limit() -> int:
@@ -89,27 +94,34 @@ def _float(text: str) -> float | _OutOfRange:
     return value
 
 
-def _faults(value: Any) -> tuple[bool, bool]:
-    """Whether ``value`` nests objects and arrays deeper than ``MAX_DEPTH`` levels, and
-    whether it holds a number out of range (one walk for both, over every body)."""
+def _faults(value: Any) -> tuple[bool, bool, bool]:
+    """Whether ``value`` nests objects and arrays deeper than ``MAX_DEPTH`` levels,
+    whether it holds a number out of range, and whether an object of it has a key that
+    is not storable text (one walk for all, over every body)."""
     stack = [(value, 1)]
-    out_of_range = False
+    out_of_range = bad_key = False
     while stack:
         current, depth = stack.pop()
         if depth > MAX_DEPTH:
-            return True, out_of_range
-        for child in current.values() if isinstance(current, dict) else current:
+            return True, out_of_range, bad_key
+        if isinstance(current, dict):
+            children = current.values()
+            bad_key = bad_key or not all(map(is_storable, current))
+        else:
+            children = current
+        for child in children:
             if isinstance(child, dict | list):
                 stack.append((child, depth + 1))
             elif isinstance(child, _OutOfRange):
                 out_of_range = True
-    return False, out_of_range
+    return False, out_of_range, bad_key
 
 
-def _out_of_range(value: Any, path: str = "") -> tuple[str, _OutOfRange] | None:
-    """The first number out of range in ``value``, in document order, with its path."""
-    if isinstance(value, _OutOfRange):
-        return path, value
+def _first(value: Any, found: Callable[[Any, str], T | None], path: str = "") -> T | None:
+    """What ``found`` says of the first node of ``value``, in document order, of which it
+    says anything (it is given each node and its path, as ``params.tools[0]``)."""
+    if (here := found(value, path)) is not None:
+        return here
     if isinstance(value, dict):
         items: Any = ((f"{path}.{key}" if path else key, child) for key, child in value.items())
     elif isinstance(value, list):
@@ -117,10 +129,19 @@ def _out_of_range(value: Any, path: str = "") -> tuple[str, _OutOfRange] | None:
     else:
         return None
     for child_path, child in items:
-        if isinstance(child, _OutOfRange | dict | list):
-            found = _out_of_range(child, child_path)
-            if found is not None:
-                return found
+        if (there := _first(child, found, child_path)) is not None:
+            return there
+    return None
+
+
+def _out_of_range(value: Any, path: str) -> tuple[str, _OutOfRange] | None:
+    return (path, value) if isinstance(value, _OutOfRange) else None
+
+
+def _bad_key(value: Any, path: str) -> str | None:
+    """An object's path when one of its keys is not storable text."""
+    if isinstance(value, dict) and not all(map(is_storable, value)):
+        return path
     return None
 
 
@@ -137,13 +158,20 @@ def decode_json(text: str) -> Any:
     except RecursionError:
         raise InvalidJSON(f"is nested deeper than {MAX_DEPTH} levels") from None
     if isinstance(value, dict | list):
-        too_deep, out_of_range = _faults(value)
+        too_deep, out_of_range, bad_key = _faults(value)
         if too_deep:
             raise InvalidJSON(f"is nested deeper than {MAX_DEPTH} levels")
-        if out_of_range and (found := _out_of_range(value)) is not None:
+        if out_of_range and (found := _first(value, _out_of_range)) is not None:
             path, number = found
             message = f"has a number out of range at {path}: {number.reason}"
             raise InvalidJSON(message, path, number.reason)
+        if bad_key and (where := _first(value, _bad_key)) is not None:
+            # A key is echoed in errors (an unknown one is named) and stored (tools'
+            # schemas): one that no encoder here can write back is refused at the door.
+            detail = "has a key with a NUL character or an unpaired surrogate"
+            if not where:
+                raise InvalidJSON(detail)
+            raise InvalidJSON(f"{detail} in {where}", where, detail)
     elif isinstance(value, _OutOfRange):
         raise InvalidJSON(f"has a number out of range: {value.reason}")
     return value

@@ -168,6 +168,15 @@ def _tool_choice(raw: Any, tools: list[dict[str, Any]]) -> Any:
     )
 
 
+def unknown_field(key: str) -> str:
+    """What a request is told of a key none of its fields takes (``key: ...``); a
+    generation parameter beside the content, as OpenAI's API has it, is pointed to
+    ``params``."""
+    if key in ALLOWED:
+        return f"is not a field here; generation parameters go in params (params.{key})"
+    return "is not a known field"
+
+
 def validate_params(raw: Any, *, accepts_simulation: bool) -> dict[str, Any]:
     """Return the cleaned params or raise ``ParamError`` naming the offending field."""
     if raw is None:

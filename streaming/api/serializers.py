@@ -13,6 +13,7 @@ fields still define the schema, and a test checks that both ways give the same J
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -55,7 +56,23 @@ class Flag(serializers.BooleanField):
         return data
 
 
-class ConversationSerializer(serializers.ModelSerializer):
+class StrictFields(serializers.Serializer):
+    """A request body with a key this serializer has no field for is refused, naming it:
+    a misspelt key, or one in the wrong place (``max_tokens`` beside ``content`` rather
+    than in ``params``, as OpenAI's API has it), would otherwise be ignored and the request
+    done otherwise than asked. Read-only fields are fields: a client may send back what
+    it was given."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            unknown = sorted(key for key in data if key not in self.fields)
+            if unknown:
+                message = params.unknown_field(unknown[0])
+                raise serializers.ValidationError({unknown[0]: [message]})
+        return super().to_internal_value(data)
+
+
+class ConversationSerializer(StrictFields, serializers.ModelSerializer):
     current_leaf = UUIDText(
         source="current_leaf_id",
         required=False,
@@ -243,7 +260,7 @@ class GenerationParamsField(serializers.DictField):
     """A JSON object passed on unchanged to ``streaming.params`` for validation."""
 
 
-class PostMessageSerializer(serializers.Serializer):
+class PostMessageSerializer(StrictFields):
     content = TextField(
         max_length=settings.MAX_MESSAGE_CHARS, trim_whitespace=False, allow_blank=False
     )
@@ -256,7 +273,7 @@ class PostMessageSerializer(serializers.Serializer):
     )
 
 
-class RegenerateSerializer(serializers.Serializer):
+class RegenerateSerializer(StrictFields):
     params = GenerationParamsField(
         required=False, allow_null=True, help_text="default: the old answer's parameters"
     )

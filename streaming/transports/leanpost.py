@@ -201,14 +201,17 @@ def _is_text(value: Any, longest: int, *, blank: bool) -> bool:
     )
 
 
+_POST_FIELDS = {"content", "params", "model"}
+
+
 def _post(body: bytes) -> dict[str, Any] | None:
     """The body's fields when ``PostMessageSerializer`` takes it as it is, else None."""
     try:
         data = decode_json_body(body)
     except InvalidBody:
         return None
-    if not isinstance(data, dict):
-        return None
+    if not isinstance(data, dict) or not data.keys() <= _POST_FIELDS:
+        return None  # refused by Django, naming the key no field takes
     content, params, model = data.get("content"), data.get("params"), data.get("model", "")
     if not _is_text(content, settings.MAX_MESSAGE_CHARS, blank=False):
         return None

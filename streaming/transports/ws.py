@@ -34,6 +34,7 @@ from streaming.errors import ServiceError, describe
 from streaming.feed import Listener
 from streaming.jsonbody import InvalidJSON, decode_json
 from streaming.logcontext import stream_context
+from streaming.params import unknown_field
 from streaming.reading import MessageState, SlowConsumer, Subscription, has_more, parse_cursor
 from streaming.services import (
     Exchange,
@@ -214,8 +215,9 @@ class ChatConsumer(LoopWebsocketConsumer):
             ref = _ref_of(frame)
             kind = frame.get("type")
             handler = self.HANDLERS.get(kind) if isinstance(kind, str) else None
-            if handler is None:
+            if handler is None or not isinstance(kind, str):
                 raise FrameError("unknown_type", f"unknown frame type {kind!r}")
+            _refuse_unknown_fields(kind, frame)
             if kind not in ("auth", "ping") and not self._authenticated():
                 raise FrameError("not_authenticated", "authenticate first (an auth frame)")
             await handler(self, frame)
@@ -599,6 +601,31 @@ class ChatConsumer(LoopWebsocketConsumer):
 def _keyed(frame: dict[str, Any]) -> dict[str, Any]:
     """A frame's ``idempotency_key``, for the services that take one (checked there)."""
     return {"idempotency_key": frame.get("idempotency_key"), "idempotency_field": "idempotency_key"}
+
+
+# The fields each frame type takes besides ``type`` and ``ref`` (docs/protocol.md).
+_KEYED = ("subscribe", "idempotency_key")
+FIELDS: dict[str, frozenset[str]] = {
+    "auth": frozenset({"token"}),
+    "ping": frozenset(),
+    "message.create": frozenset({"conversation", "content", "params", "model", *_KEYED}),
+    "message.regenerate": frozenset({"message_id", "params", "stop", *_KEYED}),
+    "message.edit": frozenset({"message_id", "content", "params", "model", "stop", *_KEYED}),
+    "subscribe": frozenset({"topic", "message_id", "after"}),
+    "unsubscribe": frozenset({"topic", "message_id"}),
+    "cancel": frozenset({"message_id"}),
+    "continue": frozenset({"message_id"}),
+}
+
+
+def _refuse_unknown_fields(kind: str, frame: dict[str, Any]) -> None:
+    """A field the frame's type does not take is refused, naming it, as the REST API
+    refuses one: a misspelt or misplaced field (``max_tokens`` beside ``content``) would
+    be ignored, and the answer not be what was asked."""
+    taken = FIELDS[kind]
+    unknown = sorted(key for key in frame if key not in taken and key not in ("type", "ref"))
+    if unknown:
+        raise FrameError("invalid_frame", f"{unknown[0]} {unknown_field(unknown[0])}", unknown[0])
 
 
 def _ref_of(frame: dict[str, Any]) -> Any:

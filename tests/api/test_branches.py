@@ -226,6 +226,11 @@ def test_regenerate_a_question_or_edit_an_answer_is_a_clear_400(three_turns) -> 
         400,
         field="params.top_p",
     )
+    # Keys no field takes: a regenerate has no content, a misplaced parameter goes in params.
+    regenerate = api.post(f"/api/messages/{answer}/regenerate/", json={"content": "x"})
+    assert_error(regenerate, 400, field="content")
+    edit = api.post(f"/api/messages/{question}/edit/", json={"content": "x", "top_p": 0.5})
+    assert_error(edit, 400, field="top_p")
     assert len(branch(api, conversation, tree=True)) == 6, "nothing was added"
 
 

@@ -159,6 +159,9 @@ INVALID_BODIES = [
     ({"content": "hi", "params": {"stop": [""]}}, "params.stop"),
     ({"content": "hi", "params": {"best_of": 2}}, "params.best_of"),
     ({"content": "hi", "params": {"simulation": {"length": 0}}}, "params.simulation.length"),
+    # A key no field takes is refused, not ignored (the answer would not be what was asked).
+    ({"content": "hi", "max_tokens": 2}, "max_tokens"),
+    ({"content": "hi", "parms": {"max_tokens": 2}}, "parms"),
 ]
 
 
@@ -170,6 +173,9 @@ def test_invalid_params_are_400_naming_the_field(daphne, account):
             response = api.post(f"/api/conversations/{conversation}/messages/", json=body)
             assert_error(response, 400, field=field)
         assert api.get(f"/api/conversations/{conversation}/messages/").json()["count"] == 0
+        misplaced = api.post("/api/messages/", json={"content": "hi", "max_tokens": 2})
+        error = assert_error(misplaced, 400, field="max_tokens")
+        assert "params.max_tokens" in error["message"], error
 
 
 def test_invalid_fields_elsewhere_name_the_field(daphne, account):
@@ -179,6 +185,8 @@ def test_invalid_fields_elsewhere_name_the_field(daphne, account):
         conversation = new_conversation(api)
         url = f"/api/conversations/{conversation}/"
         assert_error(api.patch(url, json={"title": ["x"]}), 400, field="title")
+        assert_error(api.patch(url, json={"titel": "x"}), 400, field="titel")
+        assert_error(api.post("/api/conversations/", json={"titel": "x"}), 400, field="titel")
         for page in ("0", "-1", "abc", "1.5", "9" * 40):
             bad = api.get(f"/api/conversations/?page={page}")
             assert_error(bad, 400, "invalid", field="page")
@@ -193,6 +201,11 @@ def test_invalid_fields_elsewhere_name_the_field(daphne, account):
         assert_error(wait, 400, field="wait")
         form = api.post("/api/conversations/", data={"title": "form"})
         assert_error(form, 415, "unsupported_media_type")
+        # What a client was given may be sent back: read-only fields are fields (all but
+        # the branch shown, null before the first message, which names none to switch to).
+        shown = {k: v for k, v in api.get(url).json().items() if k != "current_leaf"}
+        sent_back = api.patch(url, json={**shown, "title": "kept"})
+        assert sent_back.json().get("title") == "kept", sent_back.text
 
 
 def test_the_api_answers_json_whatever_the_client_asks(daphne, account):

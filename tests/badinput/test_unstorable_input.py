@@ -13,6 +13,8 @@ def tool(parameters: dict) -> dict:
     return {"type": "function", "function": {"name": "f", "parameters": parameters}}
 
 
+JSON = {"content-type": "application/json"}
+
 # Raw JSON bodies: "\ud800" must reach the server as an escape, which json.dumps writes.
 REST_BODIES = [
     ({"content": "zero\u0000byte"}, "content"),
@@ -21,8 +23,15 @@ REST_BODIES = [
     ({"content": "hi", "params": {"simulation": {"text": "x\u0000y"}}}, "params.simulation.text"),
     # Anywhere in a tool, keys too: PostgreSQL's jsonb refuses U+0000 (it was a 500).
     ({"content": "hi", "params": {"tools": [tool({"x": "\u0000"})]}}, "params.tools[0]"),
-    ({"content": "hi", "params": {"tools": [tool({"a\u0000": 1})]}}, "params.tools[0]"),
     ({"content": "hi", "params": {"tools": [tool({"enum": ["\ud800"]})]}}, "params.tools[0]"),
+    # A key is refused where the body is read, naming the object that has it: an unknown
+    # one is named in its error, which could not be written (it was a 500).
+    (
+        {"content": "hi", "params": {"tools": [tool({"a\u0000": 1})]}},
+        "params.tools[0].function.parameters",
+    ),
+    ({"content": "hi", "params": {"\ud800": 1}}, "params"),
+    ({"content": "hi", "params": {"simulation": {"\udfff": 1}}}, "params.simulation"),
 ]
 
 
@@ -35,6 +44,8 @@ def test_rest_refuses_unstorable_text_naming_the_field(daphne, account):
             raw = json.dumps(body)  # ASCII escapes: valid JSON, unstorable once decoded
             response = api.post(url, content=raw, headers={"content-type": "application/json"})
             assert_error(response, 400, field=field)
+        top = api.post(url, content='{"content": "hi", "\\ud800": 1}', headers=JSON)
+        assert_error(top, 400, "invalid_body")
         assert api.get(f"{url}").json()["count"] == 0
         for search in ("%00", "a%00b"):
             found = api.get(f"/api/conversations/?search={search}")
@@ -61,6 +72,12 @@ def test_openai_refuses_unstorable_content_and_odd_roles_and_keeps_nothing(daphn
             response = api.post("/v1/chat/completions", content=body, headers=bearer)
             assert response.status_code == 400, response.text
             assert response.json()["error"]["param"] == param
+        keyed = json.dumps(
+            {"model": "simulated", "messages": [{"role": "user", "content": "hi"}], "\ud800": 1}
+        )
+        response = api.post("/v1/chat/completions", content=keyed, headers=bearer)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "invalid_body"
         assert api.get("/api/conversations/").json()["count"] == before
 
 
@@ -74,6 +91,10 @@ async def test_websocket_refuses_unstorable_content_and_keeps_serving(daphne, ac
         await ws.send({**frame, "content": "zero\u0000byte"})
         reply = (await ws.recv_until("error"))[-1]
         assert (reply["code"], reply["field"], reply["ref"]) == ("invalid_params", "content", 1)
+        # A key no encoder can write back, which an unknown field's error would name.
+        await ws.send({"type": "message.create", "content": "hi", "\ud800": 1, "ref": 3})
+        reply = (await ws.recv_until("error"))[-1]
+        assert reply["code"] == "invalid_json", reply
         await ws.send({"type": "ping", "ref": 2})
         assert (await ws.recv_until("pong"))[-1]["ref"] == 2
     finally:

@@ -291,6 +291,14 @@ async def test_frame_fields_of_the_wrong_type_are_refused_naming_the_field(daphn
             refused.append(({"type": kind, "topic": value}, "invalid_frame", "topic"))
     refused.append(({"type": "ping", "ref": {"id": 1}}, "invalid_frame", "ref"))
     refused.append(({"type": "auth", "token": 12}, "invalid_frame", "token"))
+    # A field the frame's type does not take, misspelt or misplaced, is refused by name.
+    refused += [
+        ({**create, "max_tokens": 2}, "invalid_frame", "max_tokens"),
+        ({**create, "parms": {}}, "invalid_frame", "parms"),
+        ({"type": "subscribe", "message_id": answer, "afer": 3}, "invalid_frame", "afer"),
+        ({"type": "cancel", "message_id": answer, "stop": True}, "invalid_frame", "stop"),
+        ({"type": "ping", "content": "x"}, "invalid_frame", "content"),
+    ]
 
     async with connect(server, account.token) as ws:
         for frame, code, field in refused:
@@ -300,6 +308,8 @@ async def test_frame_fields_of_the_wrong_type_are_refused_naming_the_field(daphn
             assert (reply["code"], reply.get("field")) == (code, field), (frame, reply)
             assert field in reply["message"], (frame, reply)
             assert reply.get("ref") == (7 if field != "ref" else None), (frame, reply)
+            if field == "max_tokens":
+                assert "params.max_tokens" in reply["message"], reply
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
             listed = await client.get("/api/conversations/", headers=auth(account.token))
             body = listed.json()

@@ -74,3 +74,21 @@ def test_a_body_says_what_is_wrong_with_it() -> None:
     with pytest.raises(InvalidBody) as broken:
         decode_json_body(b"{")
     assert broken.value.detail.startswith("the request body is not valid JSON")
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('{"\\ud800": 1}', None),
+        ('{"a": {"b\\u0000": 1}}', "a"),
+        ('{"p": [1, {"x": {"\\udc00": 2}}]}', "p[1].x"),
+    ],
+)
+def test_a_key_no_encoder_can_write_back_is_refused_naming_where(
+    text: str, field: str | None
+) -> None:
+    """Keys are echoed in errors (an unknown one is named) and stored (a tool's schema):
+    NUL and unpaired surrogates are refused at the door, as in any value."""
+    with pytest.raises(InvalidJSON, match="has a key with a NUL character") as refused:
+        decode_json(text)
+    assert refused.value.field == field

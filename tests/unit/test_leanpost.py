@@ -50,11 +50,15 @@ def test_what_it_takes_the_serializer_takes_unchanged(body: dict[str, Any]) -> N
     [
         {"content": "hello"},
         {"content": "  padded  ", "params": {"max_tokens": 3}, "model": ""},
-        {"content": "日本 🚀", "params": None, "model": "sim", "unknown": 1},
+        {"content": "日本 🚀", "params": None, "model": "sim"},
     ],
 )
 def test_it_takes_the_common_posts(body: dict[str, Any]) -> None:
     assert leanpost._post(json.dumps(body).encode()) is not None
+
+
+def test_a_key_no_field_takes_is_djangos_to_refuse() -> None:
+    assert leanpost._post(b'{"content": "hello", "max_tokens": 2}') is None
 
 
 @pytest.mark.parametrize(
