@@ -341,6 +341,18 @@ def _earlier_request(key: IdempotencyKey) -> Message | None:
     return statements.keyed_message(key.stored)
 
 
+def _first_of_its_parent(message: Message) -> bool:
+    """Whether ``message`` is its parent's first child: a post's question always is (a post
+    goes below the leaf shown, which has none), an edit's never (it is made beside the
+    question it edits). Which request made a keyed question, for a key sent again."""
+    siblings = Message.objects.filter(conversation_id=message.conversation_id)
+    if message.parent_id is None:
+        siblings = siblings.filter(parent__isnull=True)
+    else:
+        siblings = siblings.filter(parent_id=message.parent_id)
+    return not siblings.filter(created_at__lt=message.created_at).exists()
+
+
 def _replayed(
     key: IdempotencyKey, made: Message, fits: bool, model: str, params: dict[str, Any]
 ) -> Created:
@@ -401,6 +413,7 @@ def _create_exchange(
                 made.role == asked.role
                 and made.content == asked.content
                 and (conversation_id is None or str(made.conversation_id) == str(conversation_id))
+                and _first_of_its_parent(made)  # an edit's question is not a post's
             )
             return _replayed(key, made, fits, model, clean_params(raw_params, model))
         if conversation_id is None:
@@ -854,9 +867,11 @@ def _create_edit(
         if key is not None and (made := _earlier_request(key)) is not None:
             fits = (
                 made.role == Message.Role.USER
+                and made.id != old.id  # an edit makes a question beside it, never it
                 and made.conversation_id == old.conversation_id
                 and made.parent_id == old.parent_id
                 and made.content == content
+                and not _first_of_its_parent(made)  # a post's question, not an edit's
             )
             return _replayed(key, made, fits, model, params)
         _refuse_streaming_branch(old, "edit it")

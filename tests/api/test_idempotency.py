@@ -94,6 +94,22 @@ def test_a_key_sent_with_another_message_is_refused_naming_it(daphne, account) -
         assert messages_in(api, one) == 2 and messages_in(api, two) == 0
 
 
+def test_a_posts_key_and_an_edits_are_not_each_others(daphne, account) -> None:
+    """Sent with an edit of the question a post made (or a post of the text an edit
+    made), a key is another request's: refused, not answered with what that one made."""
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        url = f"/api/conversations/{conversation}/messages/"
+        _, question, _ = ids(send(api, url, "posted"))
+        edit = f"/api/messages/{question}/edit/"
+        body = {"content": "hello", "params": QUICK, "stop": True}
+        assert_error(api.post(edit, json=body, headers={KEY: "posted"}), 422, field=KEY)
+        ids(api.post(edit, json={**body, "content": "edited"}, headers={KEY: "edited"}))
+        assert_error(send(api, url, "edited", "edited"), 422, field=KEY)
+        assert messages_in(api, conversation) == 4
+
+
 def test_keys_are_each_users_own(daphne, account, other_account) -> None:
     server = daphne()
     with client(server, account.token) as mine, client(server, other_account.token) as theirs:
