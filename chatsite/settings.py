@@ -266,6 +266,9 @@ LOGGING = {
     # (make run sets it, so the quick start says when the server is up).
     "loggers": {
         "django": {"level": "INFO"},
+        # A request naming a host not in ALLOWED_HOSTS is answered 400 saying so; Django
+        # would also log each at ERROR with a traceback (anyone can send a Host).
+        "django.security.DisallowedHost": {"level": "CRITICAL"},
         "daphne": {"level": os.environ.get("DAPHNE_LOG_LEVEL", "WARNING")},
     },
 }

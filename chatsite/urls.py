@@ -1,15 +1,15 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
 
 from streaming import health, pages
+from streaming.api.views import SchemaView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/schema/", SchemaView.as_view(), name="schema"),
     path("api/docs/", pages.api_docs, name="docs"),
     path("api/redoc/", pages.api_redoc, name="redoc"),
     path("api/", include("streaming.urls")),

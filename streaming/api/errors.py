@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import DisallowedHost
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.urls import is_valid_path
 from django.views import defaults
@@ -19,6 +20,7 @@ from rest_framework.views import exception_handler as drf_handler
 
 from streaming.api.parsers import InvalidBodyError
 from streaming.errors import AUTHENTICATE, ServiceError, describe, error_body, headers_of
+from streaming.transports.hosts import REFUSED
 
 CODES = {
     400: "invalid",
@@ -89,7 +91,8 @@ def _json(status_code: int, message: str) -> JsonResponse:
 
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     if _wants_json(request):
-        return _json(400, "bad request")
+        # A Host not in ALLOWED_HOSTS is told as the streams and /v1 tell it.
+        return _json(400, REFUSED if isinstance(exception, DisallowedHost) else "bad request")
     return defaults.bad_request(request, exception)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework import generics, serializers, status
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.permissions import SAFE_METHODS
@@ -111,6 +112,18 @@ class JSONView(APIView):
             raise PayloadTooLarge(too_large_detail(limit))
         if request.method not in SAFE_METHODS:
             request.data  # noqa: B018 - parse now: a bad body is a 400 whatever the view
+
+
+class SchemaView(SpectacularAPIView):
+    """The OpenAPI document, in the format asked for (YAML by default, JSON with
+    ``?format=json``); its errors (a format it does not have, a POST) in the API's JSON
+    shape, as every answer under ``/api/`` is, not rendered as the document would be."""
+
+    def handle_exception(self, exc: Exception) -> Response:
+        response = super().handle_exception(exc)
+        self.request.accepted_renderer = JSONRenderer()
+        self.request.accepted_media_type = JSONRenderer.media_type
+        return response
 
 
 SEARCH = OpenApiParameter("search", str, description="only conversations whose title has it")

@@ -21,8 +21,9 @@ def allowed_host(scope: dict[str, Any]) -> str | None:
     """The request's ``Host`` when ``ALLOWED_HOSTS`` admits it (as Django's
     ``HttpRequest.get_host`` decides, its debug defaults included), else None."""
     host = header(scope, b"host")
-    if not host:
-        # No Host (HTTP/1.0): the address served, as Django takes its SERVER_NAME.
+    if host is None:
+        # No Host (HTTP/1.0): the address served, as Django takes its SERVER_NAME. An
+        # empty one is refused, as Django refuses it.
         server = scope.get("server")
         if not server or server[0] is None:
             return None

@@ -37,6 +37,15 @@ def test_schema_describes_every_endpoint_and_docs_are_served(db):
     assert {"201", "400", "401", "404", "413", "429"} <= set(post["responses"])
     params = document["components"]["schemas"]["GenerationParams"]["properties"]
     assert {"max_tokens", "temperature", "top_p", "stop", "simulation"} <= set(params)
+    # Its errors are the API's JSON, whatever format was asked for.
+    for refused, status in (
+        (Client().get("/api/schema/?format=xml"), 404),
+        (Client().post("/api/schema/"), 405),
+        (Client().get("/api/schema/", HTTP_ACCEPT="text/html"), 406),
+    ):
+        assert refused.status_code == status
+        assert refused["Content-Type"].startswith("application/json"), refused["Content-Type"]
+        assert refused.json()["error"]["status"] == status
 
     docs = Client().get("/api/docs/")
     assert docs.status_code == 200

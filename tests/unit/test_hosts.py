@@ -22,7 +22,7 @@ def scope(host: bytes | None, server: tuple[str, int] | None = ("127.0.0.1", 800
         (b"eu.example.org:443", None, "eu.example.org:443"),
         (b"evil.example", None, None),
         (b"chat.example.com.evil.example", None, None),
-        (b"", ("127.0.0.1", 8000), "127.0.0.1:8000"),
+        (b"", ("127.0.0.1", 8000), None),  # present but empty: Django refuses it too
         (None, ("127.0.0.1", 8000), "127.0.0.1:8000"),
         (None, ("10.0.0.9", 8000), None),
         (None, None, None),
