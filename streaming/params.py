@@ -211,10 +211,12 @@ def validate_params(raw: Any, *, accepts_simulation: bool) -> dict[str, Any]:
     return {name: clean[name] for name in ALLOWED if name in clean}
 
 
-def simulation_keys() -> tuple[dict[str, bool], dict[str, tuple[int, int]], tuple[str, ...]]:
+def simulation_keys() -> tuple[
+    dict[str, tuple[float, float]], dict[str, tuple[int, int]], tuple[str, ...]
+]:
     """The simulated engine's ``simulation`` keys, for its OpenAPI description: numbers
-    (True: must be > 0, else >= 0), integers with their (lowest, highest), and strings;
-    besides them, ``tool_call`` (``{"name", "arguments"}``)."""
+    and integers with their (lowest, highest), and strings; besides them, ``tool_call``
+    (``{"name", "arguments"}``)."""
     from streaming.engines import simulated
 
     return simulated.FLOAT_KEYS, simulated.INT_KEYS, simulated.TEXT_KEYS

@@ -190,8 +190,8 @@ def _simulation_fields() -> dict[str, serializers.Field]:
     are the enforced ones."""
     numbers, integers, texts = params.simulation_keys()
     fields: dict[str, serializers.Field] = {}
-    for key in numbers:
-        fields[key] = serializers.FloatField(required=False, min_value=0)
+    for key, (lowest, highest) in numbers.items():
+        fields[key] = serializers.FloatField(required=False, min_value=lowest, max_value=highest)
     for key, (low, high) in integers.items():
         fields[key] = serializers.IntegerField(required=False, min_value=low, max_value=high)
     for key in texts:

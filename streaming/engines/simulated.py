@@ -146,7 +146,14 @@ REASONING = (
 )
 
 _PRETOKEN = re.compile(rb" ?[A-Za-z]+| ?[0-9]{1,3}| ?[\x80-\xff]+|\s+|[^\sA-Za-z0-9\x80-\xff]+")
-FLOAT_KEYS = {"ttft_ms": False, "slow_start_ms": False, "tokens_per_second": True}  # True: > 0
+# Number keys: (lowest, highest). Bounded so that the waits they make are times a loop
+# can wait (a rate of 5e-324 made an infinite gap, a delay near 1e308 an infinite start).
+MAX_SIMULATED_DELAY_MS = 3_600_000.0
+FLOAT_KEYS: dict[str, tuple[float, float]] = {
+    "ttft_ms": (0.0, MAX_SIMULATED_DELAY_MS),
+    "slow_start_ms": (0.0, MAX_SIMULATED_DELAY_MS),
+    "tokens_per_second": (0.001, 1_000_000.0),
+}
 # Integer keys: (lowest, highest). Counts of tokens are bounded so that a stream stays
 # something the engine can make (``itertools.islice`` takes at most ``sys.maxsize``); the
 # seed is an int64, as a real engine's is.
@@ -176,9 +183,10 @@ def validate_simulation(params: dict[str, Any]) -> dict[str, Any]:
     """Check ``request.simulation`` and return a normalised copy, or raise
     ``SimulationError`` naming the key.
 
-    Keys: ``ttft_ms`` / ``slow_start_ms`` (number >= 0, added together before the first
-    token), ``tokens_per_second`` (number > 0), ``length`` (int >= 1: tokens to produce,
-    continuing the source text as needed), ``text`` (exact text to produce),
+    Keys: ``ttft_ms`` / ``slow_start_ms`` (0 to an hour in ms, added together before the
+    first token), ``tokens_per_second`` (0.001 to a million), ``length`` (int >= 1:
+    tokens to produce, continuing the source text as needed), ``text`` (exact text to
+    produce),
     ``error_after_tokens`` / ``stall_after_tokens`` (int >= 0: fail / go silent instead of
     producing that token; no effect if the answer is shorter), ``seed`` (int),
     ``reasoning`` (exact reasoning to stream before the answer) or ``reasoning_length``
@@ -192,12 +200,11 @@ def validate_simulation(params: dict[str, Any]) -> dict[str, Any]:
     clean: dict[str, Any] = {}
     for key, value in params.items():
         if key in FLOAT_KEYS:
-            positive = FLOAT_KEYS[key]
+            lowest, highest = FLOAT_KEYS[key]
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise SimulationError(key, "must be a number")
-            if not math.isfinite(value) or value < 0 or (positive and value == 0):
-                bound = "> 0" if positive else ">= 0"
-                raise SimulationError(key, f"must be a finite number {bound}")
+            if not (math.isfinite(value) and lowest <= value <= highest):
+                raise SimulationError(key, f"must be a number from {lowest:g} to {highest:g}")
             clean[key] = float(value)
         elif key in INT_KEYS:
             low, high = INT_KEYS[key]

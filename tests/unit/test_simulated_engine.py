@@ -272,6 +272,11 @@ async def test_models_and_health() -> None:
         ({"ttft_ms": "fast"}, "ttft_ms"),
         ({"slow_start_ms": float("nan")}, "slow_start_ms"),
         ({"tokens_per_second": 0}, "tokens_per_second"),
+        # Finite, but making waits no loop can make (an infinite gap, an infinite start).
+        ({"tokens_per_second": 5e-324}, "tokens_per_second"),
+        ({"tokens_per_second": 1e12}, "tokens_per_second"),
+        ({"ttft_ms": 1e300}, "ttft_ms"),
+        ({"slow_start_ms": 1.7e308}, "slow_start_ms"),
         ({"tokens_per_second": True}, "tokens_per_second"),
         ({"length": 0}, "length"),
         ({"length": 2.5}, "length"),
