@@ -51,9 +51,29 @@ BODY_HEADERS = {b"content-type", b"content-length", b"content-encoding", b"vary"
 
 
 def wants_stream(scope: dict[str, Any]) -> bool:
+    """A POST whose ``Accept`` takes ``text/event-stream`` (not with ``q=0``, which
+    refuses it)."""
     if scope.get("type") != "http" or scope.get("method") != "POST":
         return False
-    return EVENT_STREAM in (header(scope, b"accept") or "").lower()
+    accept = (header(scope, b"accept") or "").lower()
+    if EVENT_STREAM not in accept:
+        return False
+    for media_range in accept.split(","):
+        kind, *parameters = (part.strip() for part in media_range.split(";"))
+        if kind == EVENT_STREAM:
+            return all(not _refused(parameter) for parameter in parameters)
+    return False
+
+
+def _refused(parameter: str) -> bool:
+    """Whether a media range's parameter is a quality of zero (``q=0``, ``q=0.000``)."""
+    name, _, value = parameter.partition("=")
+    if name.strip() != "q":
+        return False
+    try:
+        return float(value) == 0
+    except ValueError:
+        return False
 
 
 def _as_json_request(scope: dict[str, Any]) -> dict[str, Any]:

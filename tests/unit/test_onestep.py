@@ -101,3 +101,22 @@ async def test_the_servers_cancellation_goes_on(stand: Stand) -> None:
         await task
     assert stand.cancelled
     assert sent == []
+
+
+@pytest.mark.parametrize(
+    ("accept", "streams"),
+    [
+        ("text/event-stream", True),
+        ("application/json, text/event-stream;q=0.5", True),
+        ("Text/Event-Stream; charset=utf-8", True),
+        ("text/event-stream;q=0", False),  # refused by the client
+        ("text/event-stream; q=0.000", False),
+        ("application/json", False),
+        ("text/event-streams", False),
+        (None, False),
+    ],
+)
+def test_a_post_asks_for_its_stream_with_accept(accept: str | None, streams: bool) -> None:
+    headers = [] if accept is None else [(b"accept", accept.encode())]
+    assert onestep.wants_stream({"type": "http", "method": "POST", "headers": headers}) is streams
+    assert not onestep.wants_stream({"type": "http", "method": "GET", "headers": headers})
