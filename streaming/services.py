@@ -1030,6 +1030,8 @@ async def cancel_message(user: Any, message_id: Any, *, wait: float = 5.0) -> Me
     ``Conflict`` when a Continue started a new segment of it meanwhile: that segment was
     not what the caller saw streaming, so it is not stopped behind their back."""
     message = await database.run(message_for, user, message_id)
+    if message.role != Message.Role.ASSISTANT:
+        raise WrongRole("only an answer (an assistant message) can be stopped")
     if message.status != Status.STREAMING:
         return message
     segments = await database.run(_segment_count, message.id)

@@ -220,6 +220,8 @@ def test_regenerate_a_question_or_edit_an_answer_is_a_clear_400(three_turns) -> 
         api.post(f"/api/messages/{answer}/edit/", json={"content": "x"}), 400, "wrong_role"
     )
     assert "question" in error["message"]
+    error = assert_error(api.post(f"/api/messages/{question}/cancel/"), 400, "wrong_role")
+    assert "answer" in error["message"]
     assert_error(api.post(f"/api/messages/{question}/edit/", json={}), 400, field="content")
     assert_error(
         api.post(f"/api/messages/{question}/edit/", json={"content": "x", "params": {"top_p": 7}}),
