@@ -82,7 +82,7 @@ class ChatPage:
         page = self.page
         page.on("pageerror", self._page_error)
         page.on("dialog", self._dialog)
-        page.on("console", lambda m: self.note(f"console {m.type}: {m.text}"))
+        page.on("console", self._console)
         page.on("request", lambda r: self._request(f"request {r.method}", r))
         page.on("requestfinished", lambda r: self._request("finished", r))
         page.on("requestfailed", lambda r: self._request(f"failed ({r.failure})", r))
@@ -92,6 +92,11 @@ class ChatPage:
     def note(self, line: str) -> None:
         """Add a line to the journal (a test marks its own steps, a cut, with it too)."""
         self.journal.append(f"{time.monotonic() - self.opened_at:9.3f} {line}")
+
+    def _console(self, message: Any) -> None:
+        self.note(f"console {message.type}: {message.text}")
+        if message.type == "error" and "Content Security Policy" in message.text:
+            self.errors.append(message.text)  # the page's own policy refused something
 
     def _page_error(self, exc: Any) -> None:
         self.errors.append(str(exc))

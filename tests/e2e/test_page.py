@@ -28,6 +28,32 @@ def older_conversations(account):
         Conversation.objects.filter(pk=conversation.pk).update(updated_at=now - age)
 
 
+def test_the_page_runs_only_its_own_scripts(open_chat):
+    """A second wall behind the sanitiser: the page's policy lets only its own scripts
+    run (its inline ones carry a nonce of each load), so markup that got past it could
+    not run a script of its own."""
+    chat = open_chat()
+    page = chat.page
+    nonces = set()
+    for _ in range(2):
+        response = page.reload()
+        assert response is not None
+        policy = response.headers["content-security-policy"]
+        assert "script-src 'self' 'nonce-" in policy and "connect-src 'self'" in policy
+        nonces.add(policy.split("'nonce-")[1].split("'")[0])
+        chat.wait_ready()
+    assert len(nonces) == 2, "a nonce is each load's own"
+    assert chat.errors == [], "the page's own scripts, styles and streams all pass"
+    page.evaluate(
+        """() => { const s = document.createElement("script");
+                   s.textContent = "window.pwned = 1"; document.head.append(s); }"""
+    )
+    assert page.evaluate("window.pwned") is None
+    expect(page.locator("html")).to_have_attribute("data-ready", "true")
+    assert any("Content Security Policy" in error for error in chat.errors), chat.errors
+    chat.errors.clear()
+
+
 def test_the_empty_state_names_the_simulator_and_starts_from_an_example(open_chat):
     chat = open_chat()
     page = chat.page

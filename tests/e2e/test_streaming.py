@@ -102,6 +102,7 @@ def test_stop_then_continue_extends_the_same_bubble(open_chat, transport):
     cut_off = answer.locator(".cut-off")
     expect(cut_off).to_contain_text("Stopped by you")
     expect(answer).to_have_attribute("data-status", "cancelled")
+    expect(cut_off.locator(".cut-off-mark")).to_be_hidden()  # a note, not a warning
     expect(page.get_by_role("button", name="Stop")).to_be_hidden()
     stopped = chat.server_message(answer)
     assert stopped["status"] == "cancelled"
@@ -159,6 +160,7 @@ def test_max_tokens_then_continue_with_the_keyboard_alone(open_chat):
     cut_off = answer.locator(".cut-off")
     expect(cut_off).to_contain_text("Max tokens reached")
     expect(answer).to_have_attribute("data-status", "truncated")
+    expect(cut_off.locator(".cut-off-mark")).to_be_visible()  # the answer is not whole
     content = chat.content(answer)
     assert content.inner_text() == chat.server_message(answer)["content"]
     assert content.inner_text() == "One two three four five six"
