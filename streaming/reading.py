@@ -220,6 +220,7 @@ class Subscription:
         recorded = self.metrics
         if resumed:
             recorded.resumes.inc()
+        beyond = await self._beyond_the_end()
         shared = await self.presence.attach(message_id, live=not self.state.final)
         recorded.streams_active.inc()
         replaying = resumed
@@ -236,6 +237,8 @@ class Subscription:
                 if batch is None:
                     yield None
                     continue
+                if beyond:
+                    continue  # nothing from past a cursor no reader was given; then closed
                 batch = [e for e in batch if e["seq"] > self.cursor]
                 if not batch:
                     continue
@@ -272,6 +275,24 @@ class Subscription:
             ).inc()
             ended = self.ended_status is not None
             await self.presence.detach(message_id, shared=shared, ended=ended)
+
+    async def _beyond_the_end(self) -> bool:
+        """Whether a live message's cursor is past every event it has: a seq no reader
+        was given (another message's, or made up). Followed, it would skip what lies in
+        between once the answer got there, with nothing to say so; such a reader gets
+        nothing and its stream closes when the answer ends (the reconnect then gets its
+        end, as one past a finished message's). Every event a reader was given is in
+        the log first (the outbox publishes after the append), or still in this
+        process's topic; a log that holds nothing (Redis restarted empty) is no word."""
+        if self.state.final or self.cursor <= self.state.last_seq:
+            return False
+        if self.hub.newer_than(self.state.id, self.cursor - 1):
+            return False
+        try:
+            newest = await self.log.last_seq(self.state.id)
+        except Exception:
+            return False  # the log cannot say now (Redis away): read as before
+        return 0 < newest < self.cursor
 
     async def _bridge(self, batch: list[events.Event]) -> list[events.Event]:
         """The log does not go back to the reader's cursor (Redis lost data, or a finished

@@ -210,6 +210,40 @@ async def test_a_reader_replays_from_its_cursor_merges_and_ends_at_done(parts: P
     assert parts.presence.idle.is_set()
 
 
+async def test_a_cursor_past_every_event_of_a_live_answer_gets_nothing_of_it(
+    parts: Parts,
+) -> None:
+    """A seq no reader was given (another message's, made up) would skip what lies in
+    between once the answer got past it: the reader gets nothing, and its stream ends
+    with the answer (its reconnect then finds the message finished)."""
+    message = state()
+    mid = message.id
+    await parts.log.append(mid, opening(mid))
+    attached = asyncio.Event()  # once attached, it has read where the answer is
+    attach = parts.presence.attach
+
+    async def attaching(*args: Any, **kwargs: Any) -> Any:
+        shared = await attach(*args, **kwargs)
+        attached.set()
+        return shared
+
+    parts.presence.attach = attaching  # type: ignore[method-assign]
+    reading = asyncio.create_task(frames_of(parts.subscribe(message, 6)))
+    await asyncio.wait_for(attached.wait(), HANG)
+    await parts.log.append(mid, [events.delta(5, "d"), events.delta(6, "e")])
+    await parts.log.append(mid, [events.delta(7, "f"), events.delta(8, "g")])
+    await parts.log.append(mid, [events.done(9, segment=0, termination=ENDED)])
+    assert await asyncio.wait_for(reading, HANG) == []
+
+    # A cursor the answer has reached is followed as ever, from the log or this process.
+    later = state()
+    await parts.log.append(later.id, opening(later.id))
+    following = asyncio.create_task(frames_of(parts.subscribe(later, 4)))
+    done = events.done(5, segment=0, termination=ENDED)
+    await parts.log.append(later.id, [done])
+    assert await asyncio.wait_for(following, HANG) == [[done]]
+
+
 async def test_a_frame_keeps_the_order_of_events_it_merges(parts: Parts) -> None:
     message = state()
     mid = message.id
