@@ -424,6 +424,7 @@ class SimulatedEngine:
         held = 0  # reasoning tokens that ended inside a character, not yet sent
         upcoming = next(tokens, None)
         emitted = 0
+        told = False  # the prompt's tokens, said on the first chunk
         while True:
             # None only when there is nothing to emit at all (empty text, zero budget): the
             # run then ends with one bookkeeping chunk at the time the first token was due.
@@ -464,18 +465,28 @@ class SimulatedEngine:
                     last.tokens += held
                 yield last
                 return
+            # The first output says what the prompt cost, as vLLM's usage stats do: an
+            # answer that ends early (a stop sequence, a Stop) still records it.
+            usage = None if told else Usage(prompt_tokens=script.prompt_tokens)
             if isinstance(token, ToolCallDelta):
-                yield EngineChunk(tool_calls=(token,), tokens=1, emitted_at=time.time())
+                told = True
+                yield EngineChunk(
+                    tool_calls=(token,), tokens=1, usage=usage, emitted_at=time.time()
+                )
                 continue
             if reasoning and isinstance(token, bytes):
                 text = thought.decode(token)
                 if not text:
                     held += 1
                     continue
-                yield EngineChunk(reasoning=text, tokens=1 + held, emitted_at=time.time())
+                told = True
+                yield EngineChunk(
+                    reasoning=text, tokens=1 + held, usage=usage, emitted_at=time.time()
+                )
                 held = 0
                 continue
-            yield EngineChunk(token_bytes=token, tokens=1, emitted_at=time.time())
+            told = True
+            yield EngineChunk(token_bytes=token, tokens=1, usage=usage, emitted_at=time.time())
 
     @staticmethod
     def _last_chunk(token: bytes | None, finish: str, prompt: int, emitted: int) -> EngineChunk:

@@ -207,8 +207,10 @@ class VLLMEngine:
             "model": request.model or self.model,
             "messages": [_message(turn) for turn in request.messages],
             "stream": True,
-            # include_usage defaults to false: without it there is no usage chunk.
-            "stream_options": {"include_usage": True},
+            # include_usage defaults to false: without it there is no usage chunk. With
+            # continuous_usage_stats every chunk says the tokens so far, and the prompt's:
+            # an answer stopped before the last chunk still knows what its prompt cost.
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             # max_completion_tokens is OpenAI's current name; older vLLM releases and some
             # other OpenAI-compatible servers only know max_tokens. vLLM uses
             # max_completion_tokens when both are set.
@@ -348,6 +350,9 @@ class _ChunkParser:
         self.tokens_yielded = 0
         self.pending_tokens = 0  # empty-content chunks not yet attributed to a text chunk
         self.last_usage_tokens: int | None = None  # continuous_usage_stats, when present
+        # The prompt's tokens as a chunk's usage said them, until told on a chunk yielded.
+        self.prompt_tokens: int | None = None
+        self.prompt_told = False
         self.final: EngineChunk | None = None
         self.usage: Usage | None = None
 
@@ -388,6 +393,8 @@ class _ChunkParser:
         calls = _tool_calls(delta.get("tool_calls"))
         finish_reason = choice.get("finish_reason")
         tokens = self._tokens_in(delta, bool(text or reasoning or calls), usage)
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+            self.prompt_tokens = usage["prompt_tokens"]
         if finish_reason is not None:
             self.final = EngineChunk(
                 text=text,
@@ -405,6 +412,12 @@ class _ChunkParser:
         chunk = EngineChunk(
             text=text, reasoning=reasoning, tool_calls=calls, tokens=tokens + self.pending_tokens
         )
+        if self.prompt_tokens is not None and not self.prompt_told:
+            # Told once, on the first output: the record has it if the answer ends early.
+            self.prompt_told = True
+            chunk.usage = Usage(
+                prompt_tokens=self.prompt_tokens, completion_tokens=self.last_usage_tokens or 0
+            )
         self.pending_tokens = 0
         self.tokens_yielded += chunk.tokens
         return [chunk]

@@ -63,6 +63,22 @@ def test_models_and_non_streaming_completion_is_persisted(daphne, account):
         title = api.get(f"/api/conversations/{conversation}/").json()["title"]
         assert title == "Say hello", "a conversation is titled by its first question"
 
+    # An answer ended by a stop sequence, before the engine's last chunk, still knows
+    # what its prompt cost, in the usage and in its record.
+    asked = {
+        "model": "simulated",
+        "messages": [{"role": "user", "content": "Say hello, then more"}],
+        "extra_body": {"simulation": {"text": "Hello there, hello again", **FAST}},
+    }
+    whole = ai.chat.completions.create(**asked)
+    stopped = ai.chat.completions.with_raw_response.create(**asked, stop=["there"])
+    cut = stopped.parse()
+    assert (cut.choices[0].message.content, cut.choices[0].finish_reason) == ("Hello ", "stop")
+    assert cut.usage.prompt_tokens == whole.usage.prompt_tokens > 0
+    with client(server, account.token) as api:
+        record = api.get(f"/api/messages/{stopped.headers['x-message-id']}/").json()
+        assert record["termination"]["prompt_tokens"] == whole.usage.prompt_tokens
+
 
 def test_streaming_completion_chunks_emoji_usage_and_done(daphne, account):
     server = daphne()

@@ -173,7 +173,7 @@ async def test_request_body_and_request_id(engine: VLLMEngine, emulator: str) ->
     body = record["body"]
     assert body["model"] == DEFAULT_MODEL
     assert body["stream"] is True
-    assert body["stream_options"] == {"include_usage": True}
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     assert (body["max_completion_tokens"], body["max_tokens"]) == (64, 64)
     assert (body["temperature"], body["top_p"], body["seed"]) == (0.5, 0.9, 7)
     assert body["stop"] == ["\n\n", "END"]
@@ -507,6 +507,23 @@ def test_continuous_usage_stats_give_exact_token_counts() -> None:
 
     assert [(c.text, c.tokens) for c in chunks] == [("ab", 3), ("c", 2)]
     assert (final.finish_reason, final.tokens, final.usage) == ("stop", 1, None)
+
+
+def test_the_first_output_says_what_the_prompt_cost() -> None:
+    """With continuous usage stats the prompt's tokens come on every chunk: told once, on
+    the first chunk yielded, so an answer stopped before vLLM's last chunk records them."""
+    parser = _ChunkParser()
+    usage = {"prompt_tokens": 37, "completion_tokens": 0}
+    events = [
+        _chunk({"role": "assistant", "content": ""}, usage=usage),
+        _chunk({"content": "ab"}, usage={**usage, "completion_tokens": 2}),
+        _chunk({"content": "c"}, usage={**usage, "completion_tokens": 3}),
+    ]
+    first, second = [c for event in events for c in parser.feed(event)]
+
+    assert first.usage is not None
+    assert (first.usage.prompt_tokens, first.usage.completion_tokens) == (37, 2)
+    assert second.usage is None
 
 
 def test_stream_without_finish_reason_is_a_disconnect() -> None:

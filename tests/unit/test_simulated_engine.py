@@ -102,7 +102,9 @@ async def test_text_parameter_is_reproduced_exactly() -> None:
 async def test_natural_end_reports_stop_and_usage() -> None:
     prompt = "x" * 41
     chunks = await collect(make_request(prompt, simulation={"text": "short answer"}))
-    *body, last = chunks
+    first, *body, last = chunks
+    # The first chunk says what the prompt cost (an answer that ends early records it).
+    assert first.usage is not None and first.usage.prompt_tokens == 10
     assert all(chunk.finish_reason is None and chunk.usage is None for chunk in body)
     assert (last.finish_reason, last.stop_reason) == ("stop", None)
     assert last.usage is not None
