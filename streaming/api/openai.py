@@ -262,6 +262,14 @@ class ChatCompletionsConsumer(OpenAIConsumer):
                     await self.send_body(chunks.frames(batch), more_body=True)
         except SlowConsumer as exc:
             log.info("closing a slow OpenAI stream client: %s", exc)
+            # Said in the stream (an SDK raises it): a [DONE] alone would read as the
+            # answer's end, and a /v1 stream cannot be resumed.
+            closed = {
+                "message": "the stream was closed: the client did not read it fast enough",
+                "type": "SlowConsumer",
+                "code": "slow_consumer",
+            }
+            await self.send_body(chunks.error(closed), more_body=True)
         except Exception:
             log.exception("OpenAI stream failed")
             error = {"message": "internal server error", "type": "InternalError", "code": 500}

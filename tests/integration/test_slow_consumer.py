@@ -22,6 +22,26 @@ def slow_closes(metrics_text: str) -> float:
     return 0.0
 
 
+async def unread_until_closed(server, client: httpx.AsyncClient, request: bytes) -> bytes:
+    """Send ``request`` on a connection with a tiny receive window that reads nothing
+    until the server gives up on it (observable from outside, via /metrics); then all
+    the connection got."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", server.port))
+    sock.sendall(request)
+    async with asyncio.timeout(60):
+        while slow_closes((await client.get("/metrics")).text) < 1:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    raw = b""
+    while chunk := await loop.sock_recv(sock, 65536):
+        raw += chunk
+    sock.close()
+    return raw
+
+
 def parse_sse_bytes(raw: bytes) -> list[dict]:
     import json
 
@@ -51,24 +71,11 @@ async def test_unread_stream_is_bounded_and_resumes_exactly(daphne, account):
             max_tokens=40000, simulation={"length": 40000, "tokens_per_second": 40000},
         )  # fmt: skip
         # A raw connection with a tiny receive window that reads nothing for now.
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", server.port))
         request = (
             f"GET /api/messages/{message['id']}/stream/ HTTP/1.0\r\n"
             f"Host: 127.0.0.1\r\nAuthorization: Token {account.token}\r\n\r\n"
         )
-        sock.sendall(request.encode())
-        # The server gives up on it: an event observable from outside, via /metrics.
-        async with asyncio.timeout(60):
-            while slow_closes((await client.get("/metrics")).text) < 1:  # noqa: ASYNC110
-                await asyncio.sleep(0.1)
-        sock.setblocking(False)
-        loop = asyncio.get_running_loop()
-        raw = b""
-        while chunk := await loop.sock_recv(sock, 65536):
-            raw += chunk
-        sock.close()
+        raw = await unread_until_closed(server, client, request.encode())
         stalled_events = parse_sse_bytes(raw)
         assert stalled_events and stalled_events[-1]["type"] != "done"
         cursor = stalled_events[-1]["seq"]
@@ -85,3 +92,45 @@ async def test_unread_stream_is_bounded_and_resumes_exactly(daphne, account):
     assert len(raw) < 64 * 1024
     assert text_of(stalled_events) + text_of(rest_events) == persisted["content"]
     assert rest_events[-1]["type"] == "done"
+
+
+async def test_an_unread_openai_stream_is_closed_with_an_error_not_a_clean_end(daphne, account):
+    """A /v1 stream cannot be resumed: one the server gives up on says so in the stream
+    (an SDK raises it), never a bare [DONE] that would read as the answer's end."""
+    import json
+
+    server = daphne(
+        send_buffer=4096,
+        STREAM_SEND_BUFFER_LIMIT="2048",
+        STREAM_SLOW_CONSUMER_TIMEOUT="1",
+        STREAM_MIN_WRITE_INTERVAL="0",
+        MAX_TOKENS_CAP="40000",
+    )
+    body = json.dumps(
+        {
+            "model": "simulated",
+            "stream": True,
+            "messages": [{"role": "user", "content": "flood"}],
+            "max_completion_tokens": 40000,
+            "simulation": {"length": 40000, "tokens_per_second": 40000},
+        }
+    ).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.0\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {account.token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        raw = await unread_until_closed(server, client, head.encode() + body)
+    lines = [
+        line[6:]
+        for line in raw.split(b"\r\n\r\n", 1)[1].decode().split("\n")
+        if line.startswith("data: ")
+    ]
+    assert lines[-1] == "[DONE]"
+    last = json.loads(lines[-2])
+    assert last["error"]["code"] == "slow_consumer", last
+    chunks = [json.loads(line) for line in lines[:-2]]
+    assert chunks, "it read some of the answer before it stalled"
+    finishes = [c["choices"][0].get("finish_reason") for c in chunks if c.get("choices")]
+    assert not any(finishes), "nothing says the answer ended"
