@@ -169,6 +169,32 @@ def test_stepping_to_another_version_keeps_it_where_it_was(open_chat) -> None:
     assert chat.errors == []
 
 
+def test_stepping_back_to_a_version_shows_the_branch_last_shown_under_it(open_chat) -> None:
+    """The answer version looked at under a question is kept when the question's versions
+    are stepped through: back to version 1, its answer 1 / 2 again, not its newest."""
+    chat = open_chat()
+    page = chat.page
+    answer = chat.ask("Tell me about rivers", **QUICK)
+    finished(answer)
+    answers = page.locator("article.message.assistant")
+    answers.last.get_by_role("button", name="Regenerate this answer").click()
+    expect(answers.last.locator(".version-count")).to_have_text("2 / 2")
+    finished(answers.last)
+    answers.last.get_by_role("button", name="Previous version").click()
+    expect(answers.last.locator(".version-count")).to_have_text("1 / 2")
+    first_answer = answers.last.get_attribute("data-message-id")
+
+    chat.simulate(**QUICK)
+    question = edit_last_question(page, "Tell me about lakes")
+    expect(question.locator(".version-count")).to_have_text("2 / 2")
+    finished(answers.last)
+    question.get_by_role("button", name="Previous version").click()
+    expect(question.locator(".version-count")).to_have_text("1 / 2")
+    expect(answers.last.locator(".version-count")).to_have_text("1 / 2")
+    assert answers.last.get_attribute("data-message-id") == first_answer
+    assert chat.errors == []
+
+
 def test_the_edit_box_is_as_wide_as_an_answer(open_chat) -> None:
     chat = open_chat()
     page = chat.page

@@ -451,13 +451,37 @@ async function changeBranch(change, keep = null) {
   }
 }
 
+// The branch shown below each version this tab stepped away from (its last message), so
+// stepping back to a version shows what was shown under it, as the products people know
+// do, rather than that version's newest answers (the server's choice for a version alone).
+const shownBelow = new Map();
+
+function lastShown() {
+  const shown = log.querySelectorAll("article.message[data-message-id]");
+  return shown.length ? shown[shown.length - 1].dataset.messageId : null;
+}
+
+/** Leaving the branch through version `messageId` (a new version of it, or another one). */
+function leaving(messageId) {
+  const leaf = lastShown();
+  if (leaf) shownBelow.set(messageId, leaf);
+}
+
 const branchActions = {
-  regenerate: (messageId) => changeBranch(() => messages.regenerate(messageId)),
-  edit: (messageId, content) => changeBranch(() => messages.edit(messageId, content, generationParams())),
+  regenerate: (messageId) => {
+    leaving(messageId);
+    return changeBranch(() => messages.regenerate(messageId));
+  },
+  edit: (messageId, content) => {
+    leaving(messageId);
+    return changeBranch(() => messages.edit(messageId, content, generationParams()));
+  },
   switchTo: (messageId, from) => {
     const shown = messageNode(from);
     const keep = shown ? { id: messageId, bottom: shown.getBoundingClientRect().bottom } : null;
-    return changeBranch(() => conversations.switchTo(state.conversationId, messageId), keep);
+    leaving(from);
+    const target = shownBelow.get(messageId) || messageId;
+    return changeBranch(() => conversations.switchTo(state.conversationId, target), keep);
   },
 };
 
