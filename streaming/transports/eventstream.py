@@ -18,6 +18,9 @@ HEADERS = [
     (b"content-encoding", b"identity"),
 ]
 PING = b": ping\n\n"
+# A stream's first bytes when no event is ready yet: a comment, which every client skips
+# (its head reaches the client at once, before the first token).
+OPEN = b": open\n\n"
 DONE = b"data: [DONE]\n\n"
 
 
@@ -45,4 +48,7 @@ def named(name: str, obj: dict[str, Any]) -> bytes:
 
 
 def retry(ms: int) -> bytes:
-    return f"retry: {ms}\n\n".encode()
+    """The ``retry:`` field, to go at the head of an event's block: a block of it alone is
+    valid SSE, but some client libraries (httpx-sse) hand it over as an event with empty
+    data, which code that reads every event as JSON fails on."""
+    return f"retry: {ms}\n".encode()

@@ -103,7 +103,7 @@ class MessageStreamConsumer(TaskedHttpConsumer):
             await self.send_response(204, b"")
             return False
         await self.send_headers(status=200, headers=STREAM_HEADERS)
-        await self.send_body(eventstream.retry(streaming_settings.RETRY_MS), more_body=True)
+        await self.send_body(eventstream.OPEN, more_body=True)
         subscription = selectors.subscription(state, after, "sse", SendBuffer(self.base_send))
         self.respond_in_task(self.run(subscription, user.pk))
         return True
@@ -111,7 +111,8 @@ class MessageStreamConsumer(TaskedHttpConsumer):
     async def run(self, subscription: Subscription, user_id: int) -> None:
         """The stream, until its end or its credentials' (``held``): either way the
         response is finished, so a revoked client's reconnect meets the 401."""
-        events = send_events(subscription, frame_send(self.base_send))
+        retry = eventstream.retry(streaming_settings.RETRY_MS)
+        events = send_events(subscription, frame_send(self.base_send), first=retry)
         await streams.run(self.scope, user_id, events)
         await self.send_body(b"", more_body=False)
 
@@ -128,13 +129,19 @@ class MessageStreamConsumer(TaskedHttpConsumer):
         await self.send_response(status, body, headers=headers)
 
 
-async def send_events(subscription: Subscription, send: Callable[..., Awaitable[None]]) -> None:
+async def send_events(
+    subscription: Subscription, send: Callable[..., Awaitable[None]], *, first: bytes = b""
+) -> None:
     """Write a subscription's frames as SSE until it ends (the caller ends the body).
-    ``send`` is the server's own (``frame_send``): frames skip the wrappers."""
+    ``send`` is the server's own (``frame_send``): frames skip the wrappers. ``first``
+    goes at the head of the first event's block (the ``retry:`` field)."""
     with stream_context(subscription.state.id):
         try:
             async for batch in subscription.frames(streaming_settings.PING_INTERVAL):
-                body = eventstream.PING if batch is None else eventstream.frames(batch)
+                if batch is None:
+                    body = eventstream.PING
+                else:
+                    body, first = first + eventstream.frames(batch), b""
                 await send({"type": "http.response.body", "body": body, "more_body": True})
         except SlowConsumer as exc:
             log.info("closing a slow SSE client: %s", exc)

@@ -34,6 +34,17 @@ async def test_stream_is_incremental_and_matches_persisted_content(daphne, accou
         assert result.headers["x-accel-buffering"] == "no"
         assert result.headers["cache-control"].startswith("no-cache")
         assert result.retry is not None
+        # Every block is a comment or carries data: the retry hint rides on the first
+        # event, so a client that reads each event's data as JSON never meets an empty one.
+        replay = await client.get(
+            f"/api/messages/{message['id']}/stream/", headers=auth(account.token)
+        )
+        blocks = [block.split("\n") for block in replay.text.split("\n\n") if block]
+        assert blocks[0] == [": open"]
+        assert blocks[1][0].startswith("retry: ")
+        for lines in blocks:
+            comment = all(line.startswith(":") for line in lines)
+            assert comment or any(line.startswith("data: ") for line in lines), lines
         events = [e.data for e in result.events]
         assert events[0]["type"] == "start"
         assert events[-1]["type"] == "done"

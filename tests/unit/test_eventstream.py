@@ -23,7 +23,10 @@ def test_data_frames_and_the_fixed_frames() -> None:
     assert eventstream.data({"a": "é"}) == 'data: {"a":"é"}\n\n'.encode()
     assert eventstream.DONE == b"data: [DONE]\n\n"
     assert eventstream.PING.startswith(b":")
-    assert eventstream.retry(1500) == b"retry: 1500\n\n"
+    # A field for the head of an event's block, never a block of its own (some clients
+    # hand a retry-only block over as an event with empty data).
+    assert eventstream.retry(1500) == b"retry: 1500\n"
+    assert eventstream.OPEN.startswith(b":") and eventstream.OPEN.endswith(b"\n\n")
     headers = dict(eventstream.HEADERS)
     assert headers[b"content-type"].startswith(b"text/event-stream")
     assert headers[b"x-accel-buffering"] == b"no"
