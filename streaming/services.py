@@ -345,12 +345,12 @@ def _first_of_its_parent(message: Message) -> bool:
     """Whether ``message`` is its parent's first child: a post's question always is (a post
     goes below the leaf shown, which has none), an edit's never (it is made beside the
     question it edits). Which request made a keyed question, for a key sent again."""
-    siblings = Message.objects.filter(conversation_id=message.conversation_id)
-    if message.parent_id is None:
-        siblings = siblings.filter(parent__isnull=True)
-    else:
-        siblings = siblings.filter(parent_id=message.parent_id)
-    return not siblings.filter(created_at__lt=message.created_at).exists()
+    siblings = Message.objects.filter(
+        conversation_id=message.conversation_id,
+        parent_id=message.parent_id,  # None: the roots (IS NULL)
+        created_at__lt=message.created_at,
+    )
+    return not siblings.exists()
 
 
 def _replayed(

@@ -140,7 +140,8 @@ class OneStepAnswers:
             return
         # Whose answer it is, Django knew and did not say: the credentials it accepted
         # tell again (held as that user's stream, it is checked on their revocations only).
-        user = await authenticate(with_session(scope))
+        scope = with_session(scope)
+        user = await authenticate(scope)
         if not user.is_authenticated:  # revoked since: as a revocation ends a stream
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return

@@ -214,8 +214,7 @@ class ChatConsumer(LoopWebsocketConsumer):
             frame = self._parse(text_data, bytes_data)
             ref = _ref_of(frame)
             kind = frame.get("type")
-            handler = self.HANDLERS.get(kind) if isinstance(kind, str) else None
-            if handler is None or not isinstance(kind, str):
+            if not isinstance(kind, str) or (handler := self.HANDLERS.get(kind)) is None:
                 raise FrameError("unknown_type", f"unknown frame type {kind!r}")
             _refuse_unknown_fields(kind, frame)
             if kind not in ("auth", "ping") and not self._authenticated():

@@ -4,6 +4,7 @@ budget, and the client resumes losslessly from its cursor."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import httpx
@@ -13,6 +14,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.clients import auth, create_conversation, post_message, read_sse, text_of
 
 pytestmark = pytest.mark.asyncio
+
+
+# A server that gives up on a client soon, and answers far larger than what the kernel's
+# buffers hold, framing aside (the log coalesces a fast engine's tokens, so frames carry
+# many tokens each).
+UNREAD = {
+    "send_buffer": 4096,
+    "STREAM_SEND_BUFFER_LIMIT": "2048",
+    "STREAM_SLOW_CONSUMER_TIMEOUT": "1",
+    "STREAM_MIN_WRITE_INTERVAL": "0",
+    "MAX_TOKENS_CAP": "40000",
+}
 
 
 def slow_closes(metrics_text: str) -> float:
@@ -43,8 +56,6 @@ async def unread_until_closed(server, client: httpx.AsyncClient, request: bytes)
 
 
 def parse_sse_bytes(raw: bytes) -> list[dict]:
-    import json
-
     body = raw.split(b"\r\n\r\n", 1)[1].decode()
     return [
         json.loads(line[6:])
@@ -55,15 +66,7 @@ def parse_sse_bytes(raw: bytes) -> list[dict]:
 
 
 async def test_unread_stream_is_bounded_and_resumes_exactly(daphne, account):
-    server = daphne(
-        send_buffer=4096,
-        STREAM_SEND_BUFFER_LIMIT="2048",
-        STREAM_SLOW_CONSUMER_TIMEOUT="1",
-        STREAM_MIN_WRITE_INTERVAL="0",
-        # An answer far larger than what the kernel's buffers hold, framing aside (the
-        # log coalesces a fast engine's tokens, so frames carry many tokens each).
-        MAX_TOKENS_CAP="40000",
-    )
+    server = daphne(**UNREAD)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         conversation = await create_conversation(client, account.token)
         message = await post_message(
@@ -97,15 +100,7 @@ async def test_unread_stream_is_bounded_and_resumes_exactly(daphne, account):
 async def test_an_unread_openai_stream_is_closed_with_an_error_not_a_clean_end(daphne, account):
     """A /v1 stream cannot be resumed: one the server gives up on says so in the stream
     (an SDK raises it), never a bare [DONE] that would read as the answer's end."""
-    import json
-
-    server = daphne(
-        send_buffer=4096,
-        STREAM_SEND_BUFFER_LIMIT="2048",
-        STREAM_SLOW_CONSUMER_TIMEOUT="1",
-        STREAM_MIN_WRITE_INTERVAL="0",
-        MAX_TOKENS_CAP="40000",
-    )
+    server = daphne(**UNREAD)
     body = json.dumps(
         {
             "model": "simulated",
