@@ -23,14 +23,16 @@ import asyncio
 import contextlib
 import logging
 import math
+import re
 import time
-import uuid
 from typing import Any
+
+from django.urls.converters import UUIDConverter
 
 from streaming import events, selectors
 from streaming.auth import authenticate, user_for_token
 from streaming.conf import streaming_settings
-from streaming.errors import ServiceError, describe
+from streaming.errors import NotFound, ServiceError, describe
 from streaming.feed import Listener
 from streaming.jsonbody import InvalidJSON, decode_json
 from streaming.logcontext import stream_context
@@ -62,6 +64,8 @@ CLOSE_GOING_AWAY = 1001
 MAX_REF_CHARS = 200
 # How long a shutdown waits for clients to answer the 1001 close before the server stops.
 GOING_AWAY_WAIT = 1.0
+# The spelling of an id the REST paths take: lowercase, with hyphens.
+_ID = re.compile(UUIDConverter.regex)
 
 
 class FrameError(Exception):
@@ -250,11 +254,13 @@ class ChatConsumer(LoopWebsocketConsumer):
 
     # --- the fields of a frame: each taken only with its documented type ------------
     @staticmethod
-    def _message_id(frame: dict[str, Any]) -> str:
+    def _message_id(frame: dict[str, Any], *, looked_up: bool = True) -> str:
+        """``looked_up``: the id must name a message (any spelling but the paths' names
+        none); an unsubscribe only drops what it names, if anything."""
         value = frame.get("message_id")
         if not isinstance(value, str) or not value:
             raise FrameError("invalid_frame", "message_id must be a string", "message_id")
-        return value
+        return _named(value, "message not found") if looked_up else value
 
     @staticmethod
     def _conversation(frame: dict[str, Any]) -> str | None:
@@ -268,7 +274,7 @@ class ChatConsumer(LoopWebsocketConsumer):
                 "conversation must be a string (or absent, for a new conversation)",
                 "conversation",
             )
-        return value
+        return _named(value, "conversation not found")
 
     @staticmethod
     def _flag(frame: dict[str, Any], name: str, default: bool) -> bool:
@@ -428,7 +434,7 @@ class ChatConsumer(LoopWebsocketConsumer):
                 following.cancel()
             await self._reply(frame, {"type": "unsubscribed", "topic": "user"})
             return
-        message_id = _canonical(self._message_id(frame))
+        message_id = self._message_id(frame, looked_up=False)
         task = self.subscriptions.pop(message_id, None)
         if task is not None:
             task.cancel()
@@ -644,10 +650,10 @@ def _ref_of(frame: dict[str, Any]) -> Any:
     )
 
 
-def _canonical(message_id: str) -> str:
-    """A message id as subscriptions are keyed (the UUID's canonical text), so that any
-    spelling the lookups accept unsubscribes; anything else as given (nothing matches)."""
-    try:
-        return str(uuid.UUID(message_id))
-    except ValueError:
-        return message_id
+def _named(value: str, missing: str) -> str:
+    """An id as the REST paths take it (``<uuid:...>``: lowercase, with hyphens), so that a
+    frame and a path agree on what exists and subscriptions have one key per message;
+    any other spelling names nothing."""
+    if _ID.fullmatch(value) is None:
+        raise NotFound(missing)
+    return value

@@ -171,6 +171,45 @@ async def test_unknown_and_foreign_messages_answer_not_found(daphne, account, ot
         assert untouched["status"] != "cancelled"
 
 
+def _respellings(value: str) -> list[str]:
+    """Spellings of a UUID that Python's ``uuid.UUID`` reads and the REST paths do not."""
+    return [value.upper(), value.replace("-", ""), "{" + value + "}", "urn:uuid:" + value]
+
+
+async def test_ids_in_frames_take_the_paths_spelling_only(daphne, account):
+    """An id the REST paths 404 names nothing in a frame either, even the owner's own."""
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "mine", simulation={"length": 5}
+        )
+        await wait_for_status(client, account.token, message["id"])
+        for other in _respellings(message["id"]):
+            path = f"/api/messages/{other}/"
+            assert (await client.get(path, headers=auth(account.token))).status_code == 404
+    frames = [
+        {"type": kind, "message_id": other}
+        for kind in ("subscribe", "cancel", "continue", "message.regenerate")
+        for other in _respellings(message["id"])
+    ]
+    frames += [
+        {"type": "message.edit", "message_id": other, "content": "x"}
+        for other in _respellings(message["parent_id"])
+    ]
+    frames += [
+        {"type": "message.create", "conversation": other, "content": "x"}
+        for other in _respellings(conversation)
+    ]
+    async with connect(server, account.token) as ws:
+        for frame in frames:
+            reply = await error_for(ws, json.dumps(frame))
+            assert (reply["code"], reply["status"]) == ("not_found", 404), (frame, reply)
+        # The paths' spelling still names them.
+        await ws.send(json.dumps({"type": "subscribe", "message_id": message["id"]}))
+        assert (await next_reply(ws))["type"] != "error"
+
+
 async def test_unauthenticated_socket_can_only_ping_or_authenticate(daphne, account):
     server = daphne()
     async with connect(server) as ws:
