@@ -146,9 +146,10 @@ def _storable_throughout(value: Any) -> bool:
 
 
 def _tool_choice(raw: Any, tools: list[dict[str, Any]]) -> Any:
-    if raw == "required" and not tools:
-        # OpenAI's words: a call cannot be required of a model given no tool to call.
-        raise ParamError("params.tool_choice", '"required" needs tools to choose from')
+    if raw != "none" and not tools:
+        # As OpenAI and vLLM refuse it: a choice among no tools (passed on, vLLM would fail
+        # the answer with a 400 of its own).
+        raise ParamError("params.tool_choice", 'needs tools to choose from (but "none")')
     if isinstance(raw, str) and raw in TOOL_CHOICES:
         return raw
     names = {tool["function"]["name"] for tool in tools}

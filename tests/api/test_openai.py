@@ -219,6 +219,7 @@ def test_errors_are_openai_shaped_and_name_the_field(daphne, account):
         ({"messages": []}, "messages"),
         ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
         ({"tool_choice": "always"}, "tool_choice"),
+        ({"tool_choice": "auto"}, "tool_choice"),  # no tools to choose from
         ({"messages": [{"role": "tool", "content": "21 C"}]}, "messages[0].tool_call_id"),
         (
             {

@@ -33,6 +33,8 @@ from streaming.params import ParamError, validate_params
         ),
         ({"tool_choice": "always"}, "params.tool_choice"),
         ({"tool_choice": "required"}, "params.tool_choice"),  # no tools to require
+        ({"tool_choice": "auto"}, "params.tool_choice"),  # nor to choose from
+        ({"tools": [], "tool_choice": "auto"}, "params.tool_choice"),
         (
             {"tool_choice": {"type": "function", "function": {"name": "unknown"}}},
             "params.tool_choice",
@@ -83,3 +85,7 @@ def test_tools_and_tool_choice_pass_as_openai_wrote_them():
         {"tools": [tool], "tool_choice": "required"}, accepts_simulation=False
     )
     assert required["tool_choice"] == "required"
+    # "none" needs no tools: nothing is chosen.
+    assert validate_params({"tool_choice": "none"}, accepts_simulation=False) == {
+        "tool_choice": "none"
+    }
