@@ -376,6 +376,27 @@ def usage_of(termination: dict[str, Any]) -> dict[str, Any]:
     return usage
 
 
+# Refusals that a new request would get again; a timeout or a rate limit may pass.
+_TRANSIENT_REFUSALS = frozenset({408, 409, 429})
+
+
+def would_repeat(error: dict[str, Any]) -> bool:
+    """Whether the same request would fail the same way: the engine refused it (a 4xx of
+    its own but a timeout or a rate limit) or the conversation fills the model's context.
+    A client is told not to retry such a failure (``x-should-retry: false``, which the
+    OpenAI SDKs obey): each retry would store one more failed answer."""
+    code = error.get("code")
+    if code == "context_full":
+        return True
+    if not isinstance(code, int | str):
+        return False
+    try:
+        status = int(code)  # vLLM says its HTTP status, as an int or a string
+    except ValueError:
+        return False
+    return 400 <= status < 500 and status not in _TRANSIENT_REFUSALS
+
+
 def termination_error(termination: dict[str, Any]) -> dict[str, Any]:
     """The in-band error object for an answer that failed without an ``error`` event."""
     status = termination.get("status")

@@ -31,6 +31,7 @@ from streaming.api.completions import (
     parse_request,
     service_error_document,
     termination_error,
+    would_repeat,
 )
 from streaming.auth import authenticate, header
 from streaming.conf import streaming_settings
@@ -306,7 +307,8 @@ class ChatCompletionsConsumer(OpenAIConsumer):
         if error is not None or termination.get("status") in FAILED:
             error = error or termination_error(termination)
             message = str(error.get("message") or "the engine failed")
-            await self.reply(502, error_document(502, "engine_error", message), ids)
+            retry = [(b"x-should-retry", b"false")] if would_repeat(error) else []
+            await self.reply(502, error_document(502, "engine_error", message), ids + retry)
             return
         document = completion(
             completion_id,

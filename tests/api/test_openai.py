@@ -350,3 +350,35 @@ def test_a_tool_loop_on_the_simulated_engine(daphne, account):
     assert stored[1]["tool_calls"][0]["id"] == call.id
     assert (stored[2]["tool_call_id"], stored[2]["content"]) == (call.id, "09:00")
     assert stored[3]["content"] == "It is nine in Tokyo."
+
+
+def test_an_answer_the_engine_refused_is_not_retried_by_the_sdk(daphne, account, emulator):
+    """The SDK retries a 502 twice by default; a refusal would be refused again, each
+    retry storing one more failed answer, so the server tells it not to."""
+    server = daphne(ENGINE_URL=emulator, ENGINE_MODEL="test-model")
+    ai = openai.OpenAI(base_url=f"{server.url}/v1", api_key=account.token, timeout=30)
+    refused = '[[emu {"error_before": 400, "error_message": "no such thing"}]]'
+    with pytest.raises(openai.APIStatusError) as raised:
+        ai.chat.completions.create(
+            model="test-model", messages=[{"role": "user", "content": refused}]
+        )
+    assert raised.value.status_code == 502
+    assert raised.value.response.headers["x-should-retry"] == "false"
+    asked = [
+        r
+        for r in httpx.get(f"{emulator}/_emulator/requests").json()
+        if "no such thing" in json.dumps(r["body"])
+    ]
+    assert len(asked) == 1
+    # A failure that may pass is left to the client's retry policy.
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        failed = http.post(
+            "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {account.token}"},
+            json={
+                "model": "test-model",
+                "messages": [{"role": "user", "content": '[[emu {"error_before": 503}]]'}],
+            },
+        )
+    assert failed.status_code == 502
+    assert "x-should-retry" not in failed.headers
