@@ -53,6 +53,8 @@ daphne.install_closing_sends()
 daphne.install_close_codes()
 # A connection's ASGI messages wait in two lists, not an asyncio.Queue's four deques.
 daphne.install_application_queues()
+# A request Twisted refuses (headers over 16 KiB, a line it cannot parse) is told why.
+daphne.install_clear_refusals()
 # After the SIGTERM drain, every WebSocket is closed with 1001, then the server stops.
 get_runtime().lifecycle.on_drained.append(ws.close_sockets)
 # A user's revoked tokens (or a changed user) have their open WebSockets and HTTP

@@ -55,6 +55,11 @@ path costs besides:
   WebSocket's frames) to one reader. ``install_application_queues`` gives Daphne's server
   module an ``asyncio`` whose ``Queue`` is ``ApplicationQueue``: the same order and
   cancellation behaviour for what Daphne uses (``put_nowait`` and ``get``), in two lists.
+- **Refusals that say why.** Twisted refuses a request whose headers are over its limits
+  (16 KiB, 500 headers) or that it cannot parse before Daphne sees it: with a bare
+  ``400`` and no body, or, for a single line over 16 KiB, by closing the connection
+  without a word. ``install_clear_refusals`` keeps the limits and answers with ``431``
+  (or ``400``) and the API's error object naming what was wrong.
 
 All are checked when the process starts (``check_server``: the versions are the tested
 ones, the attributes exist) and when used. When one cannot work, a warning is logged once
@@ -79,6 +84,7 @@ from types import ModuleType
 from typing import Any
 
 from streaming import metrics
+from streaming.errors import error_bytes
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +96,7 @@ LAZY_LOG_FIELDS = "lazy_log_fields"
 CLOSING_SENDS = "closing_sends"
 CLOSE_CODES = "close_codes"
 APPLICATION_QUEUES = "application_queues"
+CLEAR_REFUSALS = "clear_refusals"
 HOOKS = (
     SEND_BUFFER,
     WRITE_THROUGH,
@@ -99,6 +106,7 @@ HOOKS = (
     CLOSING_SENDS,
     CLOSE_CODES,
     APPLICATION_QUEUES,
+    CLEAR_REFUSALS,
 )
 # What each hook's absence costs, for the warning.
 WITHOUT = {
@@ -110,6 +118,7 @@ WITHOUT = {
     CLOSING_SENDS: "a stream writing to a closing WebSocket fails with a traceback",
     CLOSE_CODES: "a WebSocket cannot be closed with 1001 at shutdown (its client sees 1006)",
     APPLICATION_QUEUES: "every open connection holds an asyncio.Queue (3.2 KB)",
+    CLEAR_REFUSALS: "a request Twisted cannot parse gets a bare 400, or no answer at all",
 }
 # Daphne's modules that name ``twisted.web.http`` as ``http``, and what they use of it.
 DAPHNE_HTTP_USERS = ("daphne.http_protocol", "daphne.server")
@@ -123,6 +132,15 @@ AUTOBAHN_LOG_FIELDS = {
 }
 # The Twisted releases these hooks are tested against (also pyproject.toml's range).
 TESTED_TWISTED = ((24, 7), (27, 0))
+# What the clear refusals read and override on Twisted's HTTP channel.
+CHANNEL_ATTRIBUTES = (
+    "_respondToBadRequestAndDisconnect",
+    "lineLengthExceeded",
+    "loseConnection",
+    "maxHeaders",
+    "totalHeadersSize",
+    "MAX_LENGTH",
+)
 # What the hooks read or call on Twisted's TCP connections.
 TRANSPORT_ATTRIBUTES = ("dataBuffer", "offset", "_tempDataLen")
 SERVER_METHODS = ("write", "writeSequence", "writeSomeData")
@@ -552,6 +570,74 @@ def install_application_queues() -> bool:
             return False
     server.asyncio = _AsyncioForDaphne("asyncio")
     metrics.SERVER_HOOKS.labels(hook=APPLICATION_QUEUES).set(1)
+    return True
+
+
+_REASONS = {400: b"Bad Request", 431: b"Request Header Fields Too Large"}
+
+
+def _refusal(status: int, code: str, message: str) -> bytes:
+    body = error_bytes(status, code, message)
+    head = (
+        f"HTTP/1.1 {status} ".encode()
+        + _REASONS[status]
+        + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )
+    return head + body
+
+
+def install_clear_refusals() -> bool:
+    """A request Twisted refuses before Daphne sees it gets a status and an error body
+    that say why; False (and reported) when it cannot.
+
+    Twisted answers a header block over ``totalHeadersSize``, more than ``maxHeaders``
+    headers or a request it cannot parse with a bare ``400`` and no body, and closes a
+    connection whose line is over ``MAX_LENGTH`` without a word. The limits stay
+    Twisted's; only the answer changes: ``431`` for the size and the count (RFC 6585),
+    ``400`` otherwise, each with the API's error object, and the connection closed."""
+    if not check_server():
+        unavailable(CLEAR_REFUSALS, "the server check failed")
+        return False
+    from twisted.web import http
+
+    channel: Any = http.HTTPChannel
+    if getattr(channel, "clear_refusals", False):
+        return True
+    missing = [name for name in CHANNEL_ATTRIBUTES if not hasattr(channel, name)]
+    if missing:
+        unavailable(CLEAR_REFUSALS, f"HTTPChannel lacks {', '.join(missing)}")
+        return False
+
+    def refuse(self: Any, status: int, code: str, message: str) -> None:
+        self.transport.write(_refusal(status, code, message))
+        self.loseConnection()
+
+    def _respondToBadRequestAndDisconnect(self: Any) -> None:
+        if getattr(self, "_receivedHeaderSize", 0) > self.totalHeadersSize:
+            refuse(
+                self,
+                431,
+                "headers_too_large",
+                f"the request line and headers are over {self.totalHeadersSize} bytes",
+            )
+        elif getattr(self, "_receivedHeaderCount", 0) > self.maxHeaders:
+            refuse(self, 431, "too_many_headers", f"the request has over {self.maxHeaders} headers")
+        else:
+            refuse(self, 400, "bad_request", "the request is not valid HTTP/1.1")
+
+    def lineLengthExceeded(self: Any, line: bytes) -> None:
+        refuse(
+            self,
+            431,
+            "headers_too_large",
+            f"a line of the request is over {self.MAX_LENGTH} bytes",
+        )
+
+    channel._respondToBadRequestAndDisconnect = _respondToBadRequestAndDisconnect
+    channel.lineLengthExceeded = lineLengthExceeded
+    channel.clear_refusals = True
+    metrics.SERVER_HOOKS.labels(hook=CLEAR_REFUSALS).set(1)
     return True
 
 

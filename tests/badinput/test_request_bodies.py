@@ -74,3 +74,17 @@ def test_a_chunked_body_is_read_like_any_other(daphne, account):
             url, content=chunks(b'{"content": "', b"x" * 5000, b'"}'), headers=headers
         )
         assert_error(too_big, 413, "too_large")
+
+
+def test_headers_over_the_servers_limit_are_told_why(daphne, account):
+    """Over 16 KiB of headers in one line or in all, on REST, /v1 and the page: a 431 with
+    the error object, where the server answered a bare 400 or closed without a word; the
+    server goes on serving."""
+    server = daphne()
+    with client(server, account.token) as api:
+        for path in ("/api/conversations/", "/v1/models", "/"):
+            for headers in ({"X-Big": "a" * 20_000}, {f"X-{i}": "a" * 4_000 for i in range(5)}):
+                refused = api.get(path, headers=headers)
+                error = assert_error(refused, 431, "headers_too_large")
+                assert "16384 bytes" in error["message"], error
+        assert api.get("/api/conversations/").status_code == 200

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+import json
 import logging
 import socket
 import sys
@@ -223,6 +224,54 @@ def test_a_post_body_reaches_the_application_without_twisteds_form_parsing(
     assert ours.args == {} and parsed == []
     assert ours.content.read() == b"a=1&b=2"
     assert hook_gauge(daphne.RAW_BODIES) == 1
+
+
+def answer_to(raw: bytes) -> tuple[bytes, dict[str, object], bool]:
+    """What Twisted's HTTP channel answers to ``raw``: the status line, the error object,
+    and whether it closed the connection."""
+    from twisted.internet.testing import StringTransport
+    from twisted.web import http
+
+    channel = http.HTTPChannel()
+    transport = StringTransport()
+    channel.makeConnection(transport)
+    channel.dataReceived(raw)
+    head, _, body = transport.value().partition(b"\r\n\r\n")
+    closing = transport.disconnecting
+    channel.connectionLost(None)
+    return head.split(b"\r\n")[0], json.loads(body)["error"], closing
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "code"),
+    [
+        (b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n", 431, "headers_too_large"),
+        (
+            b"GET / HTTP/1.1\r\n"
+            + b"".join(b"X-%d: " % i + b"a" * 4000 + b"\r\n" for i in range(5)),
+            431,
+            "headers_too_large",
+        ),
+        (
+            b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(600)) + b"\r\n",
+            431,
+            "too_many_headers",
+        ),
+        (b"NONSENSE\r\n\r\n", 400, "bad_request"),
+        (b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400, "bad_request"),
+    ],
+)
+def test_a_request_twisted_refuses_is_told_why(raw: bytes, status: int, code: str) -> None:
+    """Twisted's limits stay; its bare 400 (or, for a line over 16 KiB, a silent close)
+    becomes a status and the API's error object."""
+    assert daphne.install_clear_refusals()
+    assert daphne.install_clear_refusals()  # again: nothing changes
+    line, error, closing = answer_to(raw)
+    assert line.startswith(b"HTTP/1.1 %d " % status)
+    assert (error["status"], error["code"]) == (status, code)
+    assert error["message"]
+    assert closing
+    assert hook_gauge(daphne.CLEAR_REFUSALS) == 1
 
 
 def test_daphne_replies_through_twisteds_http_module_not_its_deprecation_proxy() -> None:
