@@ -149,7 +149,13 @@ class ChatPage:
         expect(self.page.locator("html")).to_have_attribute("data-ready", "true")
 
     def use_transport(self, name: str) -> None:
-        self.page.get_by_label("WebSocket" if name == "ws" else "SSE").check()
+        """Choose it in Settings (by the user's name), then close Settings with Esc."""
+        page = self.page
+        page.get_by_role("button", name="Settings").click()
+        settings = page.get_by_role("dialog", name="Settings")
+        settings.get_by_label("WebSocket" if name == "ws" else "SSE").check()
+        page.keyboard.press("Escape")
+        expect(settings).to_be_hidden()
 
     def ask(
         self,

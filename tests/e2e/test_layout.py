@@ -1,4 +1,4 @@
-"""The page around the answers: conversations, the transport switch, readiness, phone width."""
+"""The page around the answers: conversations, the Settings popover, readiness, phone width."""
 
 from __future__ import annotations
 
@@ -64,6 +64,29 @@ def test_an_open_menu_survives_a_refresh_of_the_list(open_chat):
     expect(page.get_by_role("button", name="Actions for renamed elsewhere")).to_have_attribute(
         "aria-expanded", "true"
     )
+
+
+def test_the_transport_is_a_setting_kept_across_reloads_not_in_plain_view(open_chat):
+    """How answers are read is a setting by the user's name, as other chat pages keep
+    theirs: hidden until Settings is opened, and the choice survives a reload."""
+    chat = open_chat()
+    page = chat.page
+    websocket = page.get_by_label("WebSocket")
+    expect(websocket).to_be_hidden()
+    expect(page.get_by_label("SSE")).to_be_checked()
+    chat.use_transport("ws")
+    page.reload()
+    chat.wait_ready()
+    expect(websocket).to_be_hidden()
+    answer = chat.ask("slow", length=30, tokens_per_second=15)
+    expect(answer).to_have_attribute("data-status", "streaming")
+    page.get_by_role("button", name="Settings").click()
+    expect(websocket).to_be_visible()
+    expect(websocket).to_be_checked()
+    # Esc closes Settings and nothing else: the answer streaming meanwhile goes on.
+    page.keyboard.press("Escape")
+    expect(websocket).to_be_hidden()
+    expect(answer).to_have_attribute("data-status", "complete")
 
 
 def test_conversations_new_rename_delete_newest_first(open_chat):

@@ -170,7 +170,7 @@ def test_max_tokens_then_continue_with_the_keyboard_alone(open_chat):
     for name in (
         "new-conversation",
         "Actions for count",
-        "SSE",
+        "open-settings",
         "composer-input",
         "Continue",
         "send",

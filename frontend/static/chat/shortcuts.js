@@ -35,7 +35,7 @@ export function installShortcuts(popover, actions, composer) {
       e.preventDefault();
       actions.focusComposer();
     } else if (e.key === "Escape" && !e.defaultPrevented && !document.querySelector("dialog[open]")) {
-      if (popover.matches(":popover-open")) return; // Esc closes the popover first
+      if (document.querySelector(":popover-open")) return; // Esc closes a popover first
       if (inOtherField(e.target, composer)) return;
       if (actions.stop()) e.preventDefault();
     }
