@@ -56,13 +56,18 @@ def locked_for_post(
 
 
 def message_for(user: Any, message_id: Any, *, lock: bool = False) -> Message:
-    """``lock``: the message's row and its owner's (as ``conversation_for``)."""
+    """``lock`` (inside a write's transaction): its conversation's row and its owner's
+    are locked first, by the statement every write to a conversation locks them with
+    (``conversation_for``), so writes to one conversation queue in one order and never
+    deadlock; the message and its conversation are read after the lock, so a write
+    decides from what the writes before it left (a locking read's other rows are the
+    ones its statement saw before it waited: a rename committed meanwhile was written
+    back over, a second Continue saw the first's message as cut off)."""
     queryset = Message.objects.filter(conversation__owner=user).select_related("conversation")
-    if lock:
-        queryset = queryset.select_related("conversation__owner").select_for_update(
-            of=("self", "conversation__owner")
-        )
     try:
+        if lock:
+            conversation_id = queryset.values_list("conversation_id", flat=True).get(id=message_id)
+            conversation_for(user, conversation_id, lock=True)
         return queryset.get(id=message_id)
     except (Message.DoesNotExist, *_NOTHING):
         raise NotFound("message not found") from None

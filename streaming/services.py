@@ -702,6 +702,9 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
         # The path down to the answer, the answer itself last (with its reasoning).
         history = path_messages(conversation.id, message.id)[:-1]
         _refuse_streaming_path(history)
+        # An answer below was asked with this one's text as it is: extending it now would
+        # change the prompt of an answer still being written.
+        _refuse_streaming_branch(message, "continue it", offer_stop=False)
         last = message.segments.order_by("-index").first()
         index = last.index + 1 if last else 0
         first_seq = message.last_seq + 1
@@ -757,13 +760,13 @@ async def continue_message(user: Any, message_id: Any) -> Exchange:
     return await database.run(create_continuation, user, message_id)
 
 
-def _refuse_streaming_branch(message: Message, what: str) -> None:
-    """409 while ``message`` or anything below it streams: its replacement would race it."""
+def _refuse_streaming_branch(message: Message, what: str, *, offer_stop: bool = True) -> None:
+    """409 while ``message`` or anything below it streams: its replacement would race it.
+    ``offer_stop``: the request takes ``"stop": true`` (a regenerate, an edit)."""
     below = tree_of(message.conversation_id).subtree(message.id)
     if Message.objects.filter(id__in=below, status=Status.STREAMING).exists():
-        raise Conflict(
-            f'this branch is still streaming; stop it first (or send "stop": true) to {what}'
-        )
+        how = ' (or send "stop": true)' if offer_stop else ""
+        raise Conflict(f"this branch is still streaming; stop it first{how} to {what}")
 
 
 def _regeneration_params(old: Message, raw_params: Any) -> tuple[str, dict[str, Any]]:
@@ -780,10 +783,13 @@ def _regeneration_params(old: Message, raw_params: Any) -> tuple[str, dict[str, 
 
 
 def check_regeneration(user: Any, message_id: Any, raw_params: Any = None) -> None:
-    """Refuse now what ``regenerate`` would refuse whatever streams: a caller that stops
-    the branch first (``"stop": true``) must not end an answer for a request refused
-    after."""
-    _regeneration_params(message_for(user, message_id), raw_params)
+    """Refuse now what ``regenerate`` would refuse whatever streams below the answer,
+    and an answer streaming above it, which stopping the branch would not end: a caller
+    that stops the branch first (``"stop": true``) must not end an answer for a request
+    refused after."""
+    old = message_for(user, message_id)
+    _regeneration_params(old, raw_params)
+    _refuse_streaming_path(History.of(old.conversation_id).path(old.parent_id))
 
 
 def _create_regeneration(
@@ -850,7 +856,9 @@ def check_edit(
 ) -> None:
     """Refuse now what ``edit`` would refuse whatever streams (see ``check_regeneration``)."""
     _, model = _edit_request(content, raw_params, model)
-    _edit_params(message_for(user, message_id), raw_params, model)
+    old = message_for(user, message_id)
+    _edit_params(old, raw_params, model)
+    _refuse_streaming_path(History.of(old.conversation_id).path(old.parent_id))
 
 
 def _create_edit(
@@ -1074,28 +1082,45 @@ def delete_conversation(user: Any, conversation_id: Any) -> None:
     delete_conversations(Conversation.objects.filter(pk=conversation.pk))
 
 
+# How many times a delete stops answers that started after its last stop before it
+# gives up with a 409 (each start is a request of the owner's, made in that window).
+DELETE_ATTEMPTS = 5
+
+
 def delete_conversations(conversations: QuerySet[Conversation]) -> None:
     """Stop the conversations' running answers, then delete them with their messages and
     logs, the logs last so that no late append recreates one. Synchronous, for request
-    threads; the caller decided who may delete ``conversations``."""
-    owned = list(conversations.values_list("pk", "owner_id"))
-    ids = [pk for pk, _ in owned]
-    messages = Message.objects.filter(conversation__in=ids)
-    running = [
-        str(i) for i in messages.filter(status=Status.STREAMING).values_list("id", flat=True)
-    ]
-    if running:
-        call(stop_answers, running)
-    message_ids = [str(i) for i in messages.values_list("id", flat=True)]
-    deleted: defaultdict[int, list[dict[str, Any]]] = defaultdict(list)
-    for pk, owner_id in owned:
-        deleted[owner_id].append(_event("conversation.deleted", conversation=str(pk)))
-    with transaction.atomic():
-        Conversation.objects.filter(pk__in=ids).delete()
-        for owner_id, events in deleted.items():
-            _notify(owner_id, *events)
-    if message_ids:
-        call(_drop_logs, message_ids)
+    threads; the caller decided who may delete ``conversations``.
+
+    The rows go under the conversations' locks, which every write to a conversation
+    takes first: no answer starts in them meanwhile (its rows would outlive the delete,
+    or fail it, and its log would outlast it). An answer still streaming under the locks
+    (one started after the stop) is stopped in turn, and the delete tried again: its
+    end is written under the same lock, so it cannot be waited for while holding it."""
+    chosen = list(conversations.values_list("pk", flat=True))
+    for _ in range(DELETE_ATTEMPTS):
+        running = Message.objects.filter(conversation__in=chosen, status=Status.STREAMING)
+        stopping = [str(i) for i in running.values_list("id", flat=True)]
+        if stopping:
+            call(stop_answers, stopping)
+        with transaction.atomic():
+            locked = Conversation.objects.filter(pk__in=chosen).order_by("pk").select_for_update()
+            owned = list(locked.values_list("pk", "owner_id"))
+            ids = [pk for pk, _ in owned]
+            messages = Message.objects.filter(conversation__in=ids)
+            if messages.filter(status=Status.STREAMING).exists():
+                continue
+            message_ids = [str(i) for i in messages.values_list("id", flat=True)]
+            Conversation.objects.filter(pk__in=ids).delete()
+            deleted: defaultdict[int, list[dict[str, Any]]] = defaultdict(list)
+            for pk, owner_id in owned:
+                deleted[owner_id].append(_event("conversation.deleted", conversation=str(pk)))
+            for owner_id, events in deleted.items():
+                _notify(owner_id, *events)
+        if message_ids:
+            call(_drop_logs, message_ids)
+        return
+    raise Conflict("answers kept starting in this conversation while it was deleted; try again")
 
 
 async def _drop_logs(message_ids: list[str]) -> None:

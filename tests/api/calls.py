@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import httpx
@@ -74,3 +75,13 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None,
         assert error.get("field") == field, error
         assert error["message"].startswith(f"{field}: "), error
     return error
+
+
+def redis_client() -> Any:
+    """A client of the Redis the servers' log is in, or None when the log is in memory."""
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        return None
+    import redis
+
+    return redis.Redis.from_url(url)

@@ -344,6 +344,31 @@ def test_an_answer_above_being_continued_holds_what_would_follow_it(daphne, acco
         created(api.post(url, json={"content": "three", "params": short}))
 
 
+def test_an_answer_is_not_continued_while_one_below_it_streams(daphne, account) -> None:
+    """The answer below was asked with this one's text as it was: a Continue would change
+    the prompt of an answer still being written, so it waits for that answer's end."""
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        url = f"/api/conversations/{conversation}/messages/"
+        long = {"simulation": {"length": 2000, "tokens_per_second": 20, "ttft_ms": 0}}
+        short = {"simulation": {"length": 3, "ttft_ms": 0}}
+        first = created(
+            api.post(
+                f"{url}?wait=true", json={"content": "one", "params": {"max_tokens": 1, **short}}
+            )
+        )["message"]
+        assert first["status"] == "truncated"
+        below = created(api.post(url, json={"content": "two", "params": long}))["message"]
+        refused = api.post(f"/api/messages/{first['id']}/continue/")
+        assert "still streaming" in assert_error(refused, 409, "conflict")["message"]
+        assert api.get(f"/api/messages/{below['id']}/").json()["status"] == "streaming"
+        assert api.get(f"/api/messages/{first['id']}/").json()["status"] == "truncated"
+        api.post(f"/api/messages/{below['id']}/cancel/")
+        resumed = api.post(f"/api/messages/{first['id']}/continue/")
+        assert resumed.status_code == 202, resumed.text
+
+
 def test_continue_works_on_an_answer_of_another_branch(three_turns, emulator) -> None:
     api, conversation, turns, _ = three_turns
     old = turns[1]["message"]

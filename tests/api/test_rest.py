@@ -3,11 +3,18 @@ checks (another user's id answers 404), authentication (401) and the error shape
 
 from __future__ import annotations
 
-import os
 import uuid
 
 from streaming.streamlog.redis import stream_key
-from tests.api.calls import assert_error, client, new_conversation, post, read_to_end, started
+from tests.api.calls import (
+    assert_error,
+    client,
+    new_conversation,
+    post,
+    read_to_end,
+    redis_client,
+    started,
+)
 
 FAST = {"ttft_ms": 0, "tokens_per_second": 1000}
 SLOW = {"ttft_ms": 0, "tokens_per_second": 5, "length": 500}
@@ -301,7 +308,7 @@ def test_delete_removes_messages_and_logs_and_stops_the_answer(daphne, account):
     from streaming.models import Message
 
     server = daphne()
-    redis = _redis()
+    redis = redis_client()
     with client(server, account.token) as api:
         conversation = new_conversation(api)
         done = post(api, conversation, "one", wait=True, text="first", **FAST).json()
@@ -324,12 +331,3 @@ def test_delete_removes_messages_and_logs_and_stops_the_answer(daphne, account):
             assert not redis.exists(stream_key(done["message"]["id"]))
             assert not redis.exists(stream_key(running["id"]))
         assert api.get("/api/conversations/").json()["count"] == 0
-
-
-def _redis():
-    url = os.environ.get("REDIS_URL")
-    if not url:
-        return None
-    import redis
-
-    return redis.Redis.from_url(url)
