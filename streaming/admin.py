@@ -15,7 +15,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
@@ -25,6 +29,7 @@ from django.utils.safestring import SafeString
 from streaming import selectors, services
 from streaming.conf import streaming_settings
 from streaming.models import Conversation, Message, Segment
+from streaming.storable import is_storable
 from streaming.termination import Status
 
 SEGMENT_COLUMNS = (
@@ -104,6 +109,18 @@ class StopPermission:
         return request.user.has_perm("streaming.change_message")
 
 
+class StorableLookups:
+    """A list's filters and search that PostgreSQL could not compare (NUL, an unpaired
+    surrogate: ``?status__exact=%00`` was a 500) are refused as any bad lookup is: the
+    list comes back with its filters dropped and Django's "bad parameters" flag."""
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        for key, values in request.GET.lists():
+            if not all(is_storable(text) for text in (key, *values)):
+                raise IncorrectLookupParameters(f"{key!r} holds a character text cannot")
+        return super().get_changelist_instance(request)  # type: ignore[misc]
+
+
 class ReadOnlyInline:
     extra = 0
     max_num: int | None = 0
@@ -149,8 +166,21 @@ class LastStatusFilter(admin.SimpleListFilter):
         return queryset
 
 
+class ConversationForm(forms.ModelForm):
+    """What the API's conversation fields allow: a system prompt as long as a message."""
+
+    system_prompt = forms.CharField(
+        required=False, max_length=settings.MAX_MESSAGE_CHARS, widget=forms.Textarea
+    )
+
+    class Meta:
+        model = Conversation
+        fields = ["title", "system_prompt"]
+
+
 @admin.register(Conversation)
-class ConversationAdmin(admin.ModelAdmin):
+class ConversationAdmin(StorableLookups, admin.ModelAdmin):
+    form = ConversationForm
     list_display = ["__str__", "owner", "message_count", "last_status", "updated_at"]
     list_filter = [LastStatusFilter, "updated_at", "created_at"]
     search_fields = ["title", "messages__content", "owner__username"]
@@ -226,6 +256,16 @@ class ConversationAdmin(admin.ModelAdmin):
     def last_status(self, conversation: Conversation) -> str:
         return conversation.last_status or "-"  # type: ignore[attr-defined]
 
+    def save_model(
+        self, request: HttpRequest, obj: Conversation, form: forms.ModelForm, change: bool
+    ) -> None:
+        """Through the service the API renames with: under the conversation's lock, the
+        title then the owner's (a model's title never replaces it), and the owner's open
+        pages told."""
+        changes = {name: form.cleaned_data[name] for name in form.changed_data}
+        if changes:
+            services.update_conversation(obj.owner, obj.pk, changes)
+
     def delete_model(self, request: HttpRequest, obj: Conversation) -> None:
         self.delete_queryset(request, Conversation.objects.filter(pk=obj.pk))
 
@@ -241,7 +281,7 @@ class SegmentInline(ReadOnlyInline, admin.TabularInline):
 
 
 @admin.register(Message)
-class MessageAdmin(StopPermission, admin.ModelAdmin):
+class MessageAdmin(StorableLookups, StopPermission, admin.ModelAdmin):
     list_display = ["id", "conversation", "owner", "role", "status", "model", "created_at"]
     list_filter = ["status", "role", "created_at"]
     search_fields = ["content", "conversation__title", "conversation__owner__username"]
@@ -289,7 +329,7 @@ class MessageAdmin(StopPermission, admin.ModelAdmin):
         return [path("in-flight/", view, name="streaming_message_in_flight"), *super().get_urls()]
 
 
-class InFlightAdmin(StopPermission, admin.ModelAdmin):
+class InFlightAdmin(StorableLookups, StopPermission, admin.ModelAdmin):
     """The answers streaming now, oldest first, with Stop. Not registered: ``MessageAdmin``
     serves it at ``in-flight/`` (rows link to the message's own page)."""
 

@@ -8,6 +8,7 @@ import os
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.test import Client
 from django.utils import timezone
 
@@ -15,6 +16,13 @@ from streaming.models import Conversation, Message, Segment
 from tests.api.calls import client, new_conversation, started
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
+# The message inline's management form: no rows added or changed.
+NO_MESSAGES = {
+    "messages-TOTAL_FORMS": "0",
+    "messages-INITIAL_FORMS": "0",
+    "messages-MIN_NUM_FORMS": "0",
+    "messages-MAX_NUM_FORMS": "0",
+}
 
 
 def _conversation(owner, title: str, status: str, text: str) -> Conversation:
@@ -107,6 +115,39 @@ def test_change_pages_show_the_record_and_segments_as_text(staff, account):
     assert "<script>alert(1)</script>" not in html
     # Records are read-only: no save button for messages.
     assert 'name="_save"' not in html
+
+
+def test_a_rename_in_the_admin_is_the_owners_title_and_its_limits_are_the_apis(staff, account):
+    conversation = _conversation(account.user, "about cats", "complete", "Cats purr.")
+    conversation.title_source = Conversation.TitleSource.QUESTION
+    conversation.save()
+    url = f"/admin/streaming/conversation/{conversation.id}/change/"
+    too_long = "x" * (settings.MAX_MESSAGE_CHARS + 1)
+    refused = staff.post(url, {"title": "renamed", "system_prompt": too_long, **NO_MESSAGES})
+    assert refused.status_code == 200  # the form again, with the error
+    assert f"at most {settings.MAX_MESSAGE_CHARS} characters" in refused.content.decode()
+    conversation.refresh_from_db()
+    assert (conversation.title, conversation.system_prompt) == ("about cats", "")
+
+    saved = staff.post(url, {"title": "renamed", "system_prompt": "Be brief.", **NO_MESSAGES})
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    conversation.refresh_from_db()
+    # A model's title never replaces a title someone set, an operator's included.
+    assert (conversation.title, conversation.title_source) == ("renamed", "user")
+    assert conversation.system_prompt == "Be brief."
+
+
+def test_a_lookup_text_cannot_hold_is_a_bad_lookup_not_a_500(staff, account):
+    _conversation(account.user, "about cats", "complete", "Cats purr.")
+    for url in (
+        "/admin/streaming/message/?status__exact=%00",
+        "/admin/streaming/conversation/?q=%00",
+        "/admin/streaming/message/in-flight/?conversation__title=%00",
+    ):
+        page = staff.get(url)
+        assert page.status_code == 302, url
+        assert page["Location"].endswith("?e=1"), url
+        assert staff.get(page["Location"]).status_code == 200
 
 
 def test_a_conversation_is_shown_as_a_tree_with_its_branch_marked(staff, account):
