@@ -412,7 +412,13 @@ def _create_exchange(
             fits = (
                 made.role == asked.role
                 and made.content == asked.content
-                and (conversation_id is None or str(made.conversation_id) == str(conversation_id))
+                # A new conversation's question is its first message; a post's to one
+                # that had messages is not, and is not what this retry asks for.
+                and (
+                    made.parent_id is None
+                    if conversation_id is None
+                    else str(made.conversation_id) == str(conversation_id)
+                )
                 and _first_of_its_parent(made)  # an edit's question is not a post's
             )
             return _replayed(key, made, fits, model, clean_params(raw_params, model))

@@ -91,7 +91,11 @@ def test_a_key_sent_with_another_message_is_refused_naming_it(daphne, account) -
         ):
             refused = send(api, url, "used", content, params)
             assert_error(refused, 422, "idempotency_key_reused", KEY)
-        assert messages_in(api, one) == 2 and messages_in(api, two) == 0
+        # A post's key below messages of a conversation, sent to make a new one.
+        ids(send(api, f"/api/conversations/{one}/messages/", "below"))
+        assert_error(send(api, "/api/messages/", "below"), 422, "idempotency_key_reused", KEY)
+        assert messages_in(api, one) == 4 and messages_in(api, two) == 0
+        assert api.get("/api/conversations/").json()["count"] == 2
 
 
 def test_a_posts_key_and_an_edits_are_not_each_others(daphne, account) -> None:
