@@ -76,6 +76,7 @@ class ConversationSerializer(StrictFields, serializers.ModelSerializer):
     current_leaf = UUIDText(
         source="current_leaf_id",
         required=False,
+        allow_null=True,  # a conversation without messages has none; a PATCH must name one
         help_text="the last message of the branch shown and continued; PATCH it with any "
         "message of the conversation to switch branch (it goes down that message's latest "
         "answers to a leaf)",
@@ -108,6 +109,11 @@ class ConversationSerializer(StrictFields, serializers.ModelSerializer):
                 "help_text": "the model that answers (one of /v1/models); empty: the default",
             },
         }
+
+    def validate_current_leaf(self, value: Any) -> Any:
+        if value is None:
+            raise serializers.ValidationError("must be the id of a message of the conversation")
+        return value
 
     def get_streaming(self, conversation: Conversation) -> bool:
         """Annotated by ``selectors.conversations_of`` (lists: no query per row); asked of

@@ -48,6 +48,14 @@ ERRORS = {
     403: OpenApiResponse(ErrorSerializer, description="CSRF token missing (session auth)"),
     404: OpenApiResponse(ErrorSerializer, description="no such object of yours"),
     413: OpenApiResponse(ErrorSerializer, description="request body too large"),
+    503: OpenApiResponse(
+        ErrorSerializer, description="the process is shutting down; retry after `Retry-After`"
+    ),
+}
+# What a request with a body can be told besides.
+WITH_BODY = {
+    **ERRORS,
+    415: OpenApiResponse(ErrorSerializer, description="the body is not `application/json`"),
 }
 WAIT = OpenApiParameter("wait", bool, description="block until the answer ends")
 TREE = OpenApiParameter(
@@ -59,12 +67,12 @@ REUSED = {
     )
 }
 STARTED = {
-    **ERRORS,
+    **WITH_BODY,
     409: OpenApiResponse(ErrorSerializer, description="that branch is still streaming"),
     **REUSED,
     429: OpenApiResponse(ErrorSerializer, description="too many answers streaming"),
 }
-POST_RESPONSES = {201: ExchangeSerializer, **ERRORS, **REUSED, 429: STARTED[429]}
+POST_RESPONSES = {201: ExchangeSerializer, **STARTED}
 IDEMPOTENCY_KEY = OpenApiParameter(
     IDEMPOTENCY_HEADER,
     str,
@@ -153,7 +161,7 @@ class ConversationList(JSONView, generics.ListCreateAPIView):
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().get(request, *args, **kwargs)
 
-    @extend_schema(responses={201: ConversationSerializer, **ERRORS})
+    @extend_schema(responses={201: ConversationSerializer, **WITH_BODY})
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().post(request, *args, **kwargs)
 
@@ -177,7 +185,23 @@ class ConversationDetail(JSONView, generics.RetrieveUpdateDestroyAPIView):
             current_leaf=leaf,
         )
 
-    @extend_schema(responses={204: None, **ERRORS})
+    @extend_schema(responses={200: ConversationSerializer, **ERRORS})
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(responses={200: ConversationSerializer, **WITH_BODY})
+    def patch(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().patch(request, *args, **kwargs)
+
+    @extend_schema(
+        responses={
+            204: None,
+            **ERRORS,
+            409: OpenApiResponse(
+                ErrorSerializer, description="answers kept starting in it meanwhile"
+            ),
+        }
+    )
     def delete(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Stop the conversation's running answers, then delete it, its messages and logs."""
         services.delete_conversation(request.user, kwargs["conversation_id"])
@@ -292,7 +316,14 @@ class MessageDetail(JSONView):
 
 
 class MessageCancel(JSONView):
-    @extend_schema(request=None, responses={200: MessageSerializer, **ERRORS})
+    @extend_schema(
+        request=None,
+        responses={
+            200: MessageSerializer,
+            **ERRORS,
+            409: OpenApiResponse(ErrorSerializer, description="a Continue started meanwhile"),
+        },
+    )
     def post(self, request: Request, message_id: Any) -> Response:
         """Stop the answer wherever it is generated; answers with its final state."""
         message = services.call(services.cancel_message, request.user, message_id)

@@ -201,6 +201,7 @@ def test_a_refused_patch_changes_nothing(three_turns) -> None:
         ({"current_leaf": first, "model": "no-such-model"}, 400, "model"),
         ({"current_leaf": first, "title": 5}, 400, "title"),
         ({"current_leaf": 123}, 400, "current_leaf"),
+        ({"current_leaf": None}, 400, "current_leaf"),
         ({"current_leaf": first, "title": "x" * 201}, 400, "title"),
     ):
         assert_error(api.patch(url, json=body), status, field=field)

@@ -34,7 +34,15 @@ def test_schema_describes_every_endpoint_and_docs_are_served(db):
     paths = document["paths"]
     assert {p: set(paths[p]) - {"parameters"} for p in OPERATIONS} == OPERATIONS
     post = paths["/api/conversations/{conversation_id}/messages/"]["post"]
-    assert {"201", "400", "401", "404", "413", "429"} <= set(post["responses"])
+    assert {"201", "400", "401", "404", "409", "413", "415", "429", "503"} <= set(post["responses"])
+    detail = paths["/api/conversations/{conversation_id}/"]
+    assert {"200", "404"} <= set(detail["get"]["responses"])
+    assert {"200", "400", "404", "415"} <= set(detail["patch"]["responses"])
+    assert "409" in detail["delete"]["responses"]
+    assert "409" in paths["/api/messages/{message_id}/cancel/"]["post"]["responses"]
+    # A conversation without messages has no current leaf.
+    conversation = document["components"]["schemas"]["Conversation"]["properties"]
+    assert conversation["current_leaf"].get("nullable") is True
     params = document["components"]["schemas"]["GenerationParams"]["properties"]
     assert {"max_tokens", "temperature", "top_p", "stop", "simulation"} <= set(params)
     # Its errors are the API's JSON, whatever format was asked for.
