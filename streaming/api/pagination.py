@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import PageNumberPagination
 
 # A page number longer than this is past any list (and ``int`` of a huge string is slow).
@@ -20,7 +20,10 @@ class PageNumbers(PageNumberPagination):
     def get_page_number(self, request: Any, paginator: Any) -> Any:
         raw = request.query_params.get(self.page_query_param)
         if raw is not None and raw not in self.last_page_strings:
-            digits = raw.isascii() and raw.isdigit() and len(raw) <= MAX_PAGE_DIGITS
-            if not digits or int(raw) < 1:
+            significant = raw.lstrip("0")
+            if not (raw.isascii() and raw.isdigit() and significant):
                 raise ValidationError({self.page_query_param: "must be a positive integer"})
+            if len(significant) > MAX_PAGE_DIGITS:
+                # A page number, past the last page of any list: DRF's answer to one.
+                raise NotFound(self.invalid_page_message.format(page_number=raw, message=""))
         return super().get_page_number(request, paginator)

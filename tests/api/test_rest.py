@@ -194,11 +194,14 @@ def test_invalid_fields_elsewhere_name_the_field(daphne, account):
         assert_error(api.patch(url, json={"title": ["x"]}), 400, field="title")
         assert_error(api.patch(url, json={"titel": "x"}), 400, field="titel")
         assert_error(api.post("/api/conversations/", json={"titel": "x"}), 400, field="titel")
-        for page in ("0", "-1", "abc", "1.5", "9" * 40):
+        for page in ("0", "-1", "abc", "1.5", "0" * 40, "١"):
             bad = api.get(f"/api/conversations/?page={page}")
             assert_error(bad, 400, "invalid", field="page")
-        assert api.get("/api/conversations/?page=1").status_code == 200
-        assert_error(api.get("/api/conversations/?page=99"), 404)
+        for page in ("1", "0" * 40 + "1"):
+            assert api.get(f"/api/conversations/?page={page}").status_code == 200
+        # Past the last page, however many digits it has.
+        for page in ("99", "9999999999", "9" * 40):
+            assert_error(api.get(f"/api/conversations/?page={page}"), 404)
         # Strings only, as a message's content: 5 is not "5".
         for field, value in (("title", 5), ("system_prompt", 5), ("model", True)):
             assert_error(api.patch(url, json={field: value}), 400, field=field)
