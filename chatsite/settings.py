@@ -116,8 +116,14 @@ if DATABASE_URL:
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
             "min_size": 1,
             "max_size": env_int("DATABASE_POOL_SIZE", 10),
-            "timeout": 30,
+            "timeout": env_int("DATABASE_POOL_TIMEOUT", 30),
         }
+        # A pooled connection the server ended while it waited (a restart, a terminated
+        # backend, a proxy's idle timeout) is replaced, not handed to a request whose
+        # first statement would fail on it: one empty query as it leaves the pool. The
+        # database threads keep theirs between calls and check them without a round trip
+        # (streaming.database), so an answer's calls do not pay for it.
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
         # Parameters bound by the server, and a statement a connection has run this many
         # times prepared there: PostgreSQL then plans each of an answer's statements once
         # per connection instead of on every run (planning was a third of its CPU per

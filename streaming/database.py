@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -89,7 +90,37 @@ def _keep_or_close() -> None:
     _kept[threading.get_ident()] = kept
 
 
+def _ended(connection: BaseDatabaseWrapper) -> bool:
+    """Whether a kept PostgreSQL connection was ended by its server while it was kept (a
+    restart, a terminated backend, a proxy's idle timeout), without a round trip: the
+    server says so before it goes (a last message, or the kernel an end of file), where
+    a connection at rest has nothing to read. Anything to read makes it suspect, and it
+    is replaced rather than trusted."""
+    raw = connection.connection
+    if raw is None or connection.vendor != "postgresql":
+        return False
+    from psycopg.pq import ConnStatus
+
+    pgconn = raw.pgconn
+    if pgconn.status != ConnStatus.OK:
+        return True
+    readable, _, _ = select.select([pgconn.socket], [], [], 0)
+    return bool(readable)
+
+
+def _drop_ended() -> None:
+    """Before a call: close this thread's kept connections that ``_ended``; the call takes
+    a live one from the pool (checked as it leaves it: ``CONN_HEALTH_CHECKS``) instead of
+    failing on its first statement, which was a 500 for every request served by such a
+    connection until each had failed once."""
+    for connection in _kept.get(threading.get_ident(), ()):
+        if _ended(connection):
+            connection.connection.close()  # closed: the pool discards it
+            connection.close()
+
+
 def _call(fn: Callable[..., T], args: Any, kwargs: Any) -> T:
+    _drop_ended()
     try:
         return fn(*args, **kwargs)
     finally:

@@ -28,6 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streaming.control.base import Control, Handler
+from streaming.redisclient import reconnecting
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class RedisControl(Control):
             location,
             max_connections=64,
             timeout=10,
+            **reconnecting(),
             health_check_interval=30,
             socket_keepalive=True,
             socket_connect_timeout=5,

@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 
 from streaming.conf import streaming_settings
 from streaming.presence.base import Presence, ReadersListener
+from streaming.redisclient import reconnecting
 
 READERS_PREFIX = "chat:readers:"
 WORKER_PREFIX = "chat:worker:"
@@ -42,6 +43,7 @@ class RedisPresence(Presence):
             location,
             max_connections=max_connections,
             timeout=10,
+            **reconnecting(),
             health_check_interval=30,
             socket_keepalive=True,
             socket_timeout=10,

@@ -41,6 +41,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streaming.conf import streaming_settings
 from streaming.events import DONE, START, Event, Logged, decode, encode
+from streaming.redisclient import reconnecting
 from streaming.streamlog.base import (
     TOMBSTONE_SECONDS,
     Appended,
@@ -236,6 +237,7 @@ class RedisStreamLog(StreamLog):
         self._redis = aioredis.Redis.from_url(
             location,
             max_connections=max_connections,
+            **reconnecting(),
             health_check_interval=30,
             socket_keepalive=True,
             socket_timeout=follow_block_ms / 1000 + 10,

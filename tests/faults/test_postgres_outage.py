@@ -61,7 +61,12 @@ async def test_a_stream_opened_while_the_database_is_away_gets_the_json_error(
 ):
     """Unless the answer streams in the process asked: its owner follows it from the log
     then, as a reader already connected does (with a token the process holds)."""
-    server = daphne(DATABASE_URL=through(postgres_proxy.port), STREAM_TOKEN_CACHE_SECONDS="30")
+    # A lookup waits for a connection the pool cannot make while the database is away.
+    server = daphne(
+        DATABASE_URL=through(postgres_proxy.port),
+        STREAM_TOKEN_CACHE_SECONDS="30",
+        DATABASE_POOL_TIMEOUT="2",
+    )
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
         conversation = await create_conversation(client, account.token)
         ended = await post_message(client, account.token, conversation, "hi")
@@ -86,3 +91,56 @@ async def test_a_stream_opened_while_the_database_is_away_gets_the_json_error(
         # Deltas after the cursor, in order (a run already logged comes merged in one).
         seqs = [e.data["seq"] for e in followed.events]
         assert len(seqs) == 3 and 1 < seqs[0] < seqs[1] < seqs[2]
+
+
+async def test_connections_the_server_ended_fail_no_request(daphne, account):
+    """Every connection of the database's is ended by the server (``pg_terminate_backend``,
+    as a restart or a proxy's idle timeout would) while the process holds them, in its
+    pool and in its database threads: the requests after it are served on new ones,
+    where each held connection used to fail one request with a 500."""
+    from asgiref.sync import sync_to_async
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL (DATABASE_URL)")
+
+    def backends() -> set[int]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+            return {pid for (pid,) in cursor.fetchall()}
+
+    ours = await sync_to_async(backends)()  # the test's own, which must live on
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        quick = {"simulation": {"length": 3, "ttft_ms": 0, "tokens_per_second": 1000}}
+
+        async def requests() -> list[httpx.Response]:
+            conversation = await create_conversation(client, account.token)
+            url = f"/api/conversations/{conversation}/messages/?wait=true"
+            made = [
+                await client.post(
+                    url, json={"content": "hi", "params": quick}, headers=auth(account.token)
+                )
+                for _ in range(4)
+            ]
+            listed = [
+                await client.get("/api/conversations/", headers=auth(account.token))
+                for _ in range(4)
+            ]
+            return [*made, *listed, await client.get("/readyz")]
+
+        assert all(r.status_code in (200, 201) for r in await requests())
+
+        def end_the_servers_connections() -> set[int]:
+            with connection.cursor() as cursor:
+                theirs = backends() - ours - {connection.connection.info.backend_pid}
+                for pid in theirs:
+                    # With a timeout it returns once the backend is gone, not just told.
+                    cursor.execute("SELECT pg_terminate_backend(%s, 10000)", [pid])
+                return theirs
+
+        assert await sync_to_async(end_the_servers_connections)()
+        answers = await requests()
+        assert [r.status_code for r in answers] == [201] * 4 + [200] * 5, [
+            r.text for r in answers if r.status_code >= 400
+        ]

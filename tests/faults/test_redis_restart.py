@@ -19,6 +19,7 @@ from tests.support.clients import (
     auth,
     create_conversation,
     post_message,
+    read_sse,
     text_of,
     wait_for_message,
     wait_for_status,
@@ -205,3 +206,46 @@ async def test_a_late_reader_while_redis_is_down_starts_from_the_database(
     assert [f for f in frames if f["type"] == "error"] == []
     assert stored["status"] == "complete", stored["termination"]
     assert_exact([f for f in frames if "seq" in f and f["message_id"] == message["id"]], stored)
+
+
+async def test_connections_held_across_a_restart_serve_the_first_requests_after_it(
+    private_redis, two_processes, account
+):
+    """Each process's pools hold connections that the restart ended; the first requests
+    after it (a reader in another process replaying the log, a Stop sent from there, the
+    readiness check) are served, not failed on a dead connection."""
+    env = {"REDIS_URL": private_redis.url}
+    slow = {"length": 400, "tokens_per_second": 20, "ttft_ms": 0}
+    async with two_processes("gen", "other", **env) as (_, _, a, b):
+
+        async def answer_read_elsewhere(simulation: dict[str, Any]) -> tuple[str, Any]:
+            conversation = await create_conversation(a, account.token)
+            message = await post_message(a, account.token, conversation, "hi", **simulation)
+            return message["id"], asyncio.create_task(read_sse(b, account.token, message["id"]))
+
+        # Connections in every pool: answers read in the other process, a Stop sent there.
+        warm = [await answer_read_elsewhere({"simulation": slow}) for _ in range(3)]
+        for message_id, reading in warm:
+            stopped = await b.post(
+                f"/api/messages/{message_id}/cancel/", headers=auth(account.token)
+            )
+            assert stopped.status_code == 200, stopped.text
+            assert (await reading).events[-1].data["type"] == "done"
+
+        private_redis.kill()
+        private_redis.start()
+
+        started = [await answer_read_elsewhere({"simulation": slow}) for _ in range(3)]
+        for side in (a, b):
+            ready = await side.get("/readyz")
+            assert ready.status_code == 200, ready.text
+        for message_id, reading in started:
+            stopped = await b.post(
+                f"/api/messages/{message_id}/cancel/", headers=auth(account.token)
+            )
+            assert stopped.status_code == 200, stopped.text
+            assert stopped.json()["status"] == "cancelled"
+            events = [item.data for item in (await reading).events]
+            assert events and events[-1]["type"] == "done", events[-3:]
+            stored = await wait_for_status(a, account.token, message_id)
+            assert text_of(events) == stored["content"]

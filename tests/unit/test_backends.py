@@ -24,7 +24,15 @@ def _value(metric: Any, suffix: str, **labels: str) -> float:
     return 0.0
 
 
+def _checked() -> None:
+    """The connection open and its health check (one statement, ``CONN_HEALTH_CHECKS``)
+    done, before a test counts statements."""
+    with connection.cursor():
+        pass
+
+
 def test_statements_are_counted_and_timed() -> None:
+    _checked()
     executed, many = _value(execute_total, "_total"), _value(execute_many_total, "_total")
     timed, took = _value(durations, "_count"), _value(durations, "_sum")
     with connection.cursor() as cursor:
@@ -44,6 +52,7 @@ def test_a_failed_statement_is_counted_by_its_error() -> None:
             for name in ("ProgrammingError", "OperationalError", "UndefinedTable")
         )
 
+    _checked()
     before, timed = errors(), _value(durations, "_count")
     with pytest.raises(DatabaseError), connection.cursor() as cursor:
         cursor.execute("SELECT * FROM no_such_table")
