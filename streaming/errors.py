@@ -77,6 +77,15 @@ class ShuttingDown(ServiceError):
     retry_after = 2
 
 
+class StopUnconfirmed(ServiceError):
+    """A Stop that the process generating the answer did not confirm in time: it may be
+    gone (its answers are ended ``interrupted`` once it is known to be), or slow."""
+
+    status = 503
+    code = "stop_unconfirmed"
+    retry_after = 5
+
+
 class InvalidParams(ServiceError):
     status = 400
     code = "invalid_params"

@@ -32,6 +32,7 @@ from streaming.errors import (
     NotFound,
     ServiceError,
     ShuttingDown,
+    StopUnconfirmed,
     TooManyGenerations,
     WrongRole,
 )
@@ -996,6 +997,8 @@ async def stop_branch(user: Any, message_id: Any) -> None:
     running = await database.run(_streaming_below, user, message_id)
     if running:
         await stop_answers(running)
+        if await database.run(_streaming_below, user, message_id):
+            raise _unconfirmed(streaming_settings.STOP_WAIT)
 
 
 def _show_branch(user: Any, conversation: Conversation, message_id: Any) -> list[str]:
@@ -1051,14 +1054,28 @@ async def cancel_message(user: Any, message_id: Any, *, wait: float = 5.0) -> Me
     segments = await database.run(_segment_count, message.id)
     await stop_answers([str(message.id)], wait=wait)
     after = await database.run(message_for, user, message_id)
-    if after.status == Status.STREAMING and await database.run(_segment_count, message.id) > (
-        segments
-    ):
+    if after.status != Status.STREAMING:
+        return after
+    if await database.run(_segment_count, message.id) > segments:
         raise Conflict(
             "a Continue started a new segment of this message meanwhile; it is streaming: "
             "stop again to end it"
         )
-    return after
+    raise _unconfirmed(wait)
+
+
+def _unconfirmed(wait: float) -> StopUnconfirmed:
+    """A Stop sent that no process confirmed within ``wait`` seconds: its process is slow,
+    or gone, which the others know only once its heartbeat key has expired and stayed
+    missing for as long again, at a reaper's pass (every half timeout): its answers are
+    then ended ``interrupted``. Said, rather than answering with the answer still
+    streaming as if the Stop had been carried out."""
+    gone = 2.5 * streaming_settings.HEARTBEAT_TIMEOUT
+    return StopUnconfirmed(
+        f"the process generating this answer did not confirm the Stop within {wait:g} s; if "
+        f"that process is gone, the answer is ended as interrupted within {gone:g} s. "
+        "Stop again, or read the answer's end"
+    )
 
 
 async def wait_until_ended(message_id: str, limit: float | None = None) -> None:
@@ -1100,21 +1117,24 @@ def delete_conversations(conversations: QuerySet[Conversation]) -> None:
 
     The rows go under the conversations' locks, which every write to a conversation
     takes first: no answer starts in them meanwhile (its rows would outlive the delete,
-    or fail it, and its log would outlast it). An answer still streaming under the locks
-    (one started after the stop) is stopped in turn, and the delete tried again: its
-    end is written under the same lock, so it cannot be waited for while holding it."""
+    or fail it, and its log would outlast it). An answer found streaming under the locks
+    that started after the stop is stopped in turn, and the delete tried again: its end
+    is written under the same lock, so it cannot be waited for while holding it. One
+    that was stopped and did not end (its process is gone) is deleted as it is."""
     chosen = list(conversations.values_list("pk", flat=True))
+    stopped: set[str] = set()
     for _ in range(DELETE_ATTEMPTS):
-        running = Message.objects.filter(conversation__in=chosen, status=Status.STREAMING)
-        stopping = [str(i) for i in running.values_list("id", flat=True)]
+        stopping = _streaming_in(chosen) - stopped
         if stopping:
-            call(stop_answers, stopping)
+            call(stop_answers, sorted(stopping))
+            stopped |= stopping
         with transaction.atomic():
             locked = Conversation.objects.filter(pk__in=chosen).order_by("pk").select_for_update()
             owned = list(locked.values_list("pk", "owner_id"))
             ids = [pk for pk, _ in owned]
             messages = Message.objects.filter(conversation__in=ids)
-            if messages.filter(status=Status.STREAMING).exists():
+            # One stopped without a word (its process is gone, or slow) goes as it is.
+            if _streaming_in(ids) - stopped:
                 continue
             message_ids = [str(i) for i in messages.values_list("id", flat=True)]
             Conversation.objects.filter(pk__in=ids).delete()
@@ -1127,6 +1147,11 @@ def delete_conversations(conversations: QuerySet[Conversation]) -> None:
             call(_drop_logs, message_ids)
         return
     raise Conflict("answers kept starting in this conversation while it was deleted; try again")
+
+
+def _streaming_in(conversation_ids: list[Any]) -> set[str]:
+    running = Message.objects.filter(conversation__in=conversation_ids, status=Status.STREAMING)
+    return {str(i) for i in running.values_list("id", flat=True)}
 
 
 async def _drop_logs(message_ids: list[str]) -> None:

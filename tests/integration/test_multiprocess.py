@@ -202,3 +202,30 @@ async def test_deleting_a_conversation_ends_readers_of_a_dead_process_answer(
         )
         gone = await cb.get(f"/api/messages/{message['id']}/", headers=auth(account.token))
         assert gone.status_code == 404
+
+
+async def test_a_stop_no_process_confirms_is_said_not_answered_as_done(two_processes, account):
+    """The generating process died and no reaper has acted yet: a Stop sent from another
+    process reaches nobody. It is a 503 saying so (with when the answer will be ended),
+    not a 200 with the answer still streaming; a regenerate that says "stop" likewise."""
+    slow_reaper = {"STREAM_HEARTBEAT_TIMEOUT": "600", "STREAM_STOP_WAIT": "1"}
+    async with two_processes(**slow_reaper) as (a, _, ca, cb):
+        conversation = await create_conversation(ca, account.token)
+        message = await post_message(
+            ca, account.token, conversation, "long",
+            simulation={"length": 3000, "tokens_per_second": 40},
+        )  # fmt: skip
+        a.kill()
+        stopped = await cb.post(
+            f"/api/messages/{message['id']}/cancel/", headers=auth(account.token)
+        )
+        assert stopped.status_code == 503, stopped.text
+        assert stopped.json()["error"]["code"] == "stop_unconfirmed"
+        assert int(stopped.headers["retry-after"]) > 0
+        again = await cb.post(
+            f"/api/messages/{message['id']}/regenerate/",
+            json={"stop": True},
+            headers=auth(account.token),
+        )
+        assert again.status_code == 503, again.text
+        assert again.json()["error"]["code"] == "stop_unconfirmed"
