@@ -45,7 +45,14 @@ from streaming.persistence import Partial, finalize_segment
 from streaming.presence import Presence
 from streaming.stops import StopFilter
 from streaming.storable import storable
-from streaming.streamlog import Appended, LogLost, SeqConflict, StreamLog, until_appended
+from streaming.streamlog import (
+    Appended,
+    LogLost,
+    LogUnreachable,
+    SeqConflict,
+    StreamLog,
+    until_appended,
+)
 from streaming.termination import Status, Termination
 
 log = logging.getLogger(__name__)
@@ -385,11 +392,15 @@ class Generation:
         return termination
 
     async def _fail(self, termination: Termination, exc: Exception) -> None:
-        """End as an internal error: a bug, an unexpected failure, or the log refusing."""
+        """End as an internal error: a bug, an unexpected failure, or the log refusing.
+        The record says what the product knows in its own words; any other exception's
+        text (a library's, which may name a server's address) goes to the log only."""
         log.error("generation failed", exc_info=exc)
         termination.status = Status.ERROR.value
         termination.error_type = "InternalError"
-        termination.error_message = storable(str(exc)) or exc.__class__.__name__
+        ours = isinstance(exc, LogLost | LogUnreachable)
+        said = str(exc) if ours else "the server failed while generating this answer"
+        termination.error_message = storable(said)
         await self._emit_error(EngineError(termination.error_message, "InternalError", 500))
 
     async def _pump(

@@ -521,6 +521,10 @@ def _error_from_body(body: Any, status: int | None, text: str = "") -> EngineErr
             return EngineError(inner, type=fallback_type, code=status)
         if "detail" in body:
             return EngineError(str(body["detail"]), type=fallback_type, code=status)
+    # A body that is no error object is a proxy's or a crashed server's page, which may
+    # name hosts, addresses and versions: the operators' log has it, the record does not.
     snippet = " ".join(text.split())[:200] or "empty body"
+    log.warning("the engine answered HTTP %s with no error object: %s", status, snippet)
+    said = "an empty body" if not text.strip() else "a body that is no error object"
     prefix = f"HTTP {status}: " if status is not None else ""
-    return EngineError(f"{prefix}{snippet}", type=fallback_type, code=status)
+    return EngineError(f"{prefix}{said}", type=fallback_type, code=status)

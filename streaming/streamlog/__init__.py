@@ -6,7 +6,14 @@
 from __future__ import annotations
 
 from streaming.conf import build_backend, streaming_settings
-from streaming.streamlog.base import Appended, LogLost, SeqConflict, StreamLog, until_appended
+from streaming.streamlog.base import (
+    Appended,
+    LogLost,
+    LogUnreachable,
+    SeqConflict,
+    StreamLog,
+    until_appended,
+)
 
 
 def build_streamlog() -> StreamLog:
@@ -18,6 +25,7 @@ def build_streamlog() -> StreamLog:
 __all__ = [
     "Appended",
     "LogLost",
+    "LogUnreachable",
     "SeqConflict",
     "StreamLog",
     "build_streamlog",

@@ -61,6 +61,12 @@ class LogLost(Exception):
         self.have = have
 
 
+class LogUnreachable(Exception):
+    """The log could not be written for as long as its backend holds appends: what the
+    writers are told, in the product's words (the client library's error names the
+    server's address, which an answer's record never shows)."""
+
+
 class StreamLog(abc.ABC):
     @abc.abstractmethod
     def submit(

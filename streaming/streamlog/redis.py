@@ -46,6 +46,7 @@ from streaming.streamlog.base import (
     TOMBSTONE_SECONDS,
     Appended,
     LogLost,
+    LogUnreachable,
     SeqConflict,
     StreamLog,
     deleted_done,
@@ -291,9 +292,13 @@ class RedisStreamLog(StreamLog):
         while True:
             try:
                 return await self._send(batch, retry)
-            except UNAVAILABLE:
+            except UNAVAILABLE as exc:
                 if loop.time() + delay > deadline:
-                    raise
+                    held = self.unavailable_retry_seconds
+                    log.error("Redis unreachable for %g s; appends given up: %s", held, exc)
+                    raise LogUnreachable(
+                        f"the event log could not be reached for {held:g} s"
+                    ) from exc
                 if not retry:
                     log.warning("Redis unreachable; holding %d appends and retrying", len(batch))
                 await asyncio.sleep(delay)

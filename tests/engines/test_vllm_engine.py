@@ -318,20 +318,24 @@ async def test_bare_unauthorized_401_and_a_working_key() -> None:
     assert chunks[-1].finish_reason == "stop"
 
 
-async def test_non_json_error_body(engine: VLLMEngine) -> None:
-    request = make_request({"error_before": 500, "error_body": "<h1>Internal Server Error</h1>"})
+async def test_non_json_error_body(engine: VLLMEngine, caplog) -> None:
+    """A page that is no error object (a proxy's, with an address in it) is told to the
+    operators' log, never to the record the user reads."""
+    page = "<h1>Internal Server Error</h1> from 10.0.0.7:8000"
+    request = make_request({"error_before": 500, "error_body": page})
     _, error = await collect_until_error(engine, request)
 
     assert (error.type, error.code) == ("InternalServerError", 500)
-    assert "Internal Server Error" in error.message
+    assert error.message == "HTTP 500: a body that is no error object"
+    assert "10.0.0.7" in caplog.text
 
 
 async def test_gateway_errors_mean_unavailable(engine: VLLMEngine) -> None:
-    request = make_request({"error_before": 502, "error_body": "<html>Bad Gateway</html>"})
+    request = make_request({"error_before": 502, "error_body": "<html>Bad Gateway 10.0.0.7</html>"})
     _, error = await collect_until_error(engine, request)
 
     assert isinstance(error, EngineUnavailable)
-    assert "502" in error.message
+    assert "502" in error.message and "10.0.0.7" not in error.message
 
 
 async def test_in_band_error_after_text(engine: VLLMEngine, emulator: str) -> None:
@@ -546,7 +550,7 @@ def test_stream_without_finish_reason_is_a_disconnect() -> None:
         ),
         ({"detail": "Not Found"}, 404, ("Not Found", "NotFoundError", 404)),
         ({"error": "Unauthorized"}, 401, ("Unauthorized", "AuthenticationError", 401)),
-        (None, 500, ("HTTP 500: oops", "InternalServerError", 500)),
+        (None, 500, ("HTTP 500: a body that is no error object", "InternalServerError", 500)),
         # vLLM 0.32's validation errors: an HTTP reason phrase for a type
         (
             {"error": {"message": "m", "type": "Bad Request", "param": "body.seed", "code": 400}},

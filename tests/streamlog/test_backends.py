@@ -324,3 +324,21 @@ async def test_key_groups_must_be_a_whole_number_of_at_least_one(groups: object)
 
     with pytest.raises(ValueError, match="KEY_GROUPS"):
         RedisStreamLog("redis://127.0.0.1:6379/0", key_groups=groups)  # type: ignore[arg-type]
+
+
+async def test_appends_given_up_after_the_hold_say_so_without_the_servers_address() -> None:
+    """Redis unreachable for longer than the log holds appends: the writer is told in the
+    product's words; the client library's error (with the address) is the log's."""
+    from streaming.streamlog import LogUnreachable
+    from streaming.streamlog.redis import RedisStreamLog
+    from tests.support.redis import free_port
+
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    backend = RedisStreamLog(nowhere, unavailable_retry_seconds=0.2)
+    try:
+        with pytest.raises(LogUnreachable) as raised:
+            await backend.append(str(uuid.uuid4()), deltas(1, 1))
+    finally:
+        await backend.close()
+    assert str(raised.value) == "the event log could not be reached for 0.2 s"
+    assert "127.0.0.1" not in str(raised.value)
