@@ -125,6 +125,20 @@ class Lifecycle:
             except Exception:
                 log.exception("reaper pass failed")
             metrics.forget_dead_processes()
+            await self._recount_followed()
+
+    async def _recount_followed(self) -> None:
+        """This process's answers read only in other processes, counted again: a process
+        that dies with readers never says they left (its count stays in Redis, and a
+        count leaves out the processes without a heartbeat), so without this such an
+        answer went on for nobody, holding the engine and one of its owner's slots."""
+        for generation in list(self.generations):
+            if not generation.readers_seen or self.presence.local.get(generation.message_id):
+                continue
+            try:
+                await generation.recount_readers()
+            except Exception:
+                log.warning("could not count the readers of %s again", generation.message_id)
 
     # --- the end -------------------------------------------------------------------------
     def _on_sigterm(self) -> None:

@@ -229,3 +229,31 @@ async def test_a_stop_no_process_confirms_is_said_not_answered_as_done(two_proce
         )
         assert again.status_code == 503, again.text
         assert again.json()["error"]["code"] == "stop_unconfirmed"
+
+
+async def test_an_answer_read_only_by_a_process_that_died_is_abandoned(two_processes, account):
+    """Its only reader was in a process that was killed, which never says the reader left:
+    the generating process counts again without it and abandons the answer after the
+    grace, as when a reader leaves, instead of generating on for nobody."""
+    env = {
+        "STREAM_HEARTBEAT_INTERVAL": "0.3",
+        "STREAM_HEARTBEAT_TIMEOUT": "1.5",
+        "STREAM_ABANDON_GRACE": "0.5",
+    }
+    async with two_processes(**env) as (_, b, ca, cb):
+        conversation = await create_conversation(ca, account.token)
+        message = await post_message(
+            ca, account.token, conversation, "long",
+            simulation={"length": 3000, "tokens_per_second": 40},
+        )  # fmt: skip
+        url = f"/api/messages/{message['id']}/stream/"
+        seen = 0
+        async with asyncio.timeout(30), cb.stream("GET", url, headers=auth(account.token)) as r:
+            async for item in iter_sse(r):
+                if not isinstance(item, str) and item.data["type"] == "delta":
+                    seen += 1
+                if seen == 5:
+                    b.kill()
+                    break
+        ended = await wait_for_status(ca, account.token, message["id"], limit=60)
+        assert ended["status"] == "abandoned", ended["termination"]
