@@ -35,7 +35,7 @@ from streaming.api.completions import (
 )
 from streaming.auth import authenticate, header
 from streaming.conf import streaming_settings
-from streaming.errors import NotFound, ServiceError, headers_of
+from streaming.errors import NotFound, ServiceError, ShuttingDown, headers_of
 from streaming.jsonbody import (
     InvalidBody,
     body_limit,
@@ -304,6 +304,13 @@ class ChatCompletionsConsumer(OpenAIConsumer):
                     error = event["error"]
                 elif event["type"] == "done":
                     termination = event
+        if termination.get("status") == Status.INTERRUPTED and error is None:
+            # This process stopped (a SIGTERM's drain ran out) while it answered: not the
+            # engine's failure. A retry is served by a process that stays.
+            stopped = ShuttingDown("the server process stopped while answering; retry")
+            headers = [(k.lower().encode(), v.encode()) for k, v in headers_of(stopped).items()]
+            await self.reply(stopped.status, service_error_document(stopped, None), ids + headers)
+            return
         if error is not None or termination.get("status") in FAILED:
             error = error or termination_error(termination)
             message = str(error.get("message") or "the engine failed")

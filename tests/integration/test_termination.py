@@ -239,3 +239,30 @@ async def test_shape_of_cut_off_code_and_json(daphne, account):
     _, message = await run_one(server, account, "json", simulation={"text": '{"ok": true}'})
     assert message["termination"]["is_valid_json"] is True
     assert message["termination"]["has_unclosed_code_block"] is False
+
+
+async def test_a_non_streaming_v1_answer_cut_by_a_shutdown_is_a_503_to_retry(daphne, account):
+    """The process drained while it answered: not the engine's failure (a 502), but the
+    server's going away, which a retry (the OpenAI SDKs retry a 503) gets past."""
+    import signal
+
+    server = daphne(STREAM_SHUTDOWN_DEADLINE="0.5")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        body = {
+            "model": "simulated",
+            "messages": [{"role": "user", "content": "hi"}],
+            "simulation": {"length": 3000, "tokens_per_second": 30},
+        }
+        bearer = {"Authorization": f"Bearer {account.token}"}
+        asked = asyncio.create_task(client.post("/v1/chat/completions", json=body, headers=bearer))
+        async with asyncio.timeout(30):
+            while True:  # until its answer streams
+                listed = await client.get("/api/conversations/", headers=auth(account.token))
+                if any(c["streaming"] for c in listed.json()["results"]):
+                    break
+                await asyncio.sleep(0.05)
+        server.signal(signal.SIGTERM)
+        answered = await asked
+    assert answered.status_code == 503, answered.text
+    assert answered.json()["error"]["code"] == "shutting_down"
+    assert int(answered.headers["retry-after"]) > 0
