@@ -57,6 +57,8 @@ from streaming.termination import Status, Termination
 
 log = logging.getLogger(__name__)
 
+# Why an answer ended ``interrupted``, whichever way its process stopped.
+INTERRUPTED_WHY = "the server process generating this answer stopped"
 # How a cancel reason maps onto the record.
 CANCEL_STATUSES = {
     "cancelled": Status.CANCELLED,
@@ -362,6 +364,10 @@ class Generation:
             else:
                 reason = self.cancel_reason or Status.INTERRUPTED.value
                 termination.status = CANCEL_STATUSES.get(reason, Status.INTERRUPTED).value
+                if termination.status == Status.INTERRUPTED:
+                    # In the reaper's words for a process that died: one record either way.
+                    termination.error_type = "Interrupted"
+                    termination.error_message = INTERRUPTED_WHY
         except Exception as exc:  # a bug or an unexpected failure: still end cleanly
             await self._fail(termination, exc)
         finally:

@@ -16,7 +16,7 @@ from typing import Any
 
 from streaming import database, events, metrics, signals
 from streaming.conf import streaming_settings
-from streaming.generation import end_log
+from streaming.generation import INTERRUPTED_WHY, end_log
 from streaming.hub import Hub
 from streaming.models import Segment
 from streaming.persistence import finalize_segment
@@ -142,7 +142,7 @@ class Reaper:
         reasoning = orphan.db_reasoning + thought
         texts = [e["type"] for e in logged if e["type"] in events.TEXT_TYPES]
         last_seq = logged[-1]["seq"] if logged else stored
-        why = "the server process generating this answer stopped"
+        why = INTERRUPTED_WHY
         if logged and logged[0]["seq"] > stored + 1:
             why += (
                 f"; events {stored + 1}-{logged[0]['seq'] - 1} were lost from the event log, "

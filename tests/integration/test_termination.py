@@ -216,6 +216,11 @@ async def test_interrupted_by_graceful_shutdown(daphne, account):
     events = [e.data for e in first.events + rest.events]
     assert events[-1]["type"] == "done"
     assert events[-1]["status"] == "interrupted"
+    # In the words the reaper uses for a process that died.
+    assert (events[-1]["error_type"], events[-1]["error_message"]) == (
+        "Interrupted",
+        "the server process generating this answer stopped",
+    )
     assert server.proc.wait(timeout=15) is not None
     from asgiref.sync import sync_to_async
 
