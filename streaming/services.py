@@ -17,7 +17,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
 from django.db import IntegrityError, connections, transaction
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 
 from streaming import database, statements
 from streaming.branches import History, path_messages, sibling_ids, tree_of
@@ -984,21 +984,28 @@ async def edit_message(
     )
 
 
-def _streaming_below(user: Any, message_id: Any) -> list[str]:
+def _streaming_below(user: Any, message_id: Any) -> dict[str, int]:
+    """The answers streaming at or below one of the user's messages, each with its number
+    of segments (a Continue adds one: the same id streaming again is a new segment)."""
     message = message_for(user, message_id)
     below = tree_of(message.conversation_id).subtree(message.id)
     streaming = Message.objects.filter(id__in=below, status=Status.STREAMING)
-    return [str(i) for i in streaming.values_list("id", flat=True)]
+    counted = streaming.annotate(segment_count=Count("segments")).values_list("id", "segment_count")
+    return {str(i): n for i, n in counted}
 
 
 async def stop_branch(user: Any, message_id: Any) -> None:
     """Stop every answer streaming at or below one of the user's messages, and wait for
-    their ends: what a regenerate or an edit that says ``stop`` does first."""
+    their ends: what a regenerate or an edit that says ``stop`` does first. One of them
+    still streaming the segment it was stopped in is ``StopUnconfirmed``; an answer
+    started (or continued) meanwhile is left to the request's own check (a 409)."""
     running = await database.run(_streaming_below, user, message_id)
-    if running:
-        await stop_answers(running)
-        if await database.run(_streaming_below, user, message_id):
-            raise _unconfirmed(streaming_settings.STOP_WAIT)
+    if not running:
+        return
+    await stop_answers(list(running))
+    after = await database.run(_streaming_below, user, message_id)
+    if any(running.get(answer) == segments for answer, segments in after.items()):
+        raise _unconfirmed(streaming_settings.STOP_WAIT)
 
 
 def _show_branch(user: Any, conversation: Conversation, message_id: Any) -> list[str]:

@@ -160,3 +160,30 @@ def test_a_rename_committed_while_a_regenerate_waits_for_it_is_kept(daphne, acco
         assert result["regenerated"].status_code == 201, result["regenerated"].text
         shown = api.get(f"/api/conversations/{conversation}/").json()
         assert (shown["title"], shown["title_source"]) == ("held rename", "user")
+
+
+def test_a_stop_first_beside_another_write_is_never_taken_for_a_dead_process(
+    daphne, account
+) -> None:
+    """An edit that stops the branch first, sent with a post: the answer the post starts
+    after the stop is not one the stop failed to end (a 503 saying the process may be
+    gone), but one the edit finds streaming (a 409), or the edit came first."""
+    server = daphne(MAX_CONCURRENT_GENERATIONS_PER_USER="100")
+    with client(server, account.token) as api, client(server, account.token) as other:
+        for _ in range(ROUNDS):
+            conversation = new_conversation(api)
+            streaming = post(api, conversation, "q", params=LONG).json()
+            question = streaming["user_message"]["id"]
+            edited, posted = at_once(
+                partial(
+                    api.post,
+                    f"/api/messages/{question}/edit/",
+                    json={"content": "again", "stop": True, "params": LONG},
+                ),
+                partial(post, other, conversation, "next", params=LONG),
+            )
+            assert edited.status_code in (201, 409), edited.text
+            assert posted.status_code in (201, 409), posted.text
+            for made in (edited, posted):
+                if made.status_code == 201:
+                    api.post(f"/api/messages/{made.json()['message']['id']}/cancel/")

@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from streaming import database, services
-from streaming.errors import Conflict
+from streaming.errors import Conflict, StopUnconfirmed
 from streaming.models import Message
 from streaming.termination import Status
 from tests.unit.scripted import add_segment, create_answer, load_message
@@ -57,3 +57,45 @@ async def test_a_stop_answers_with_the_final_state(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(services, "stop_answers", stop_and_end)
     stopped = await services.cancel_message(await owner_of(answer.user_id), answer.message_id)
     assert stopped.status == Status.CANCELLED
+
+
+async def test_a_branch_stop_no_process_confirms_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    answer = await create_answer("tests:services:a", content="Hel", last_seq=3)
+
+    async def reaches_nobody(message_ids: list[str], **kwargs: Any) -> None:
+        pass  # the generating process is gone: nothing ends the answer
+
+    monkeypatch.setattr(services, "stop_answers", reaches_nobody)
+    with pytest.raises(StopUnconfirmed) as unconfirmed:
+        await services.stop_branch(await owner_of(answer.user_id), answer.message_id)
+    assert unconfirmed.value.status == 503 and unconfirmed.value.retry_after
+
+
+@pytest.mark.parametrize("meanwhile", ["an answer below", "a Continue"])
+async def test_a_branch_stop_is_not_unconfirmed_by_what_started_after_it(
+    monkeypatch: pytest.MonkeyPatch, meanwhile: str
+) -> None:
+    """The stopped answer ended; what streams now was started after the stop (by a racing
+    request): the request that stopped finds it and refuses (409), no process is in doubt."""
+    answer = await create_answer("tests:services:a", content="Hel", last_seq=3)
+
+    def start_below() -> None:
+        stopped = Message.objects.get(id=answer.message_id)
+        Message.objects.create(
+            conversation_id=stopped.conversation_id,
+            parent=stopped,
+            role=Message.Role.ASSISTANT,
+            status=Status.STREAMING,
+        )
+
+    async def stop_then_another_write(message_ids: list[str], **kwargs: Any) -> None:
+        await database.run(
+            lambda: Message.objects.filter(id=answer.message_id).update(status=Status.CANCELLED)
+        )
+        if meanwhile == "a Continue":
+            await add_segment(answer.message_id, 1, 5, "tests:services:b")
+        else:
+            await database.run(start_below)
+
+    monkeypatch.setattr(services, "stop_answers", stop_then_another_write)
+    await services.stop_branch(await owner_of(answer.user_id), answer.message_id)
