@@ -86,6 +86,27 @@ class StopUnconfirmed(ServiceError):
     retry_after = 5
 
 
+class Unavailable(ServiceError):
+    """The database could not serve the request: a connection lost, or none to be had
+    within ``DATABASE_POOL_TIMEOUT`` (``unavailable``). Nothing was made (the transaction
+    rolled back); the same request may be sent again."""
+
+    status = 503
+    code = "unavailable"
+    retry_after = 2
+
+
+def unavailable(exc: BaseException) -> Unavailable | None:
+    """The 503 for ``exc`` when it is the database failing a request (Django's
+    ``OperationalError`` or ``InterfaceError``: a connection lost, refused, or not had in
+    time; a deadlock, which a retry gets past), else None: anything else stays a 500."""
+    from django.db import InterfaceError, OperationalError
+
+    if isinstance(exc, OperationalError | InterfaceError):
+        return Unavailable("the database is unavailable; retry")
+    return None
+
+
 class InvalidParams(ServiceError):
     status = 400
     code = "invalid_params"

@@ -8,6 +8,7 @@ pages stay.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.exceptions import DisallowedHost
@@ -19,7 +20,14 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from streaming.api.parsers import InvalidBodyError
-from streaming.errors import AUTHENTICATE, ServiceError, describe, error_body, headers_of
+from streaming.errors import (
+    AUTHENTICATE,
+    ServiceError,
+    describe,
+    error_body,
+    headers_of,
+    unavailable,
+)
 from streaming.transports.hosts import REFUSED
 
 CODES = {
@@ -39,6 +47,8 @@ CODES = {
 
 JSON_PREFIXES = ("/api/", "/v1/")
 
+log = logging.getLogger(__name__)
+
 
 def _first_field_error(detail: Any, prefix: str = "") -> tuple[str | None, str]:
     if isinstance(detail, dict):
@@ -53,6 +63,9 @@ def _first_field_error(detail: Any, prefix: str = "") -> tuple[str | None, str]:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if (down := unavailable(exc)) is not None:
+        log.warning("a request failed on the database: %s", exc)
+        exc = down
     if isinstance(exc, ServiceError):
         return Response({"error": describe(exc)}, status=exc.status, headers=headers_of(exc))
     if isinstance(exc, Http404):

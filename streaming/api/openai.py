@@ -35,7 +35,7 @@ from streaming.api.completions import (
 )
 from streaming.auth import authenticate, header
 from streaming.conf import streaming_settings
-from streaming.errors import NotFound, ServiceError, ShuttingDown, headers_of
+from streaming.errors import NotFound, ServiceError, ShuttingDown, headers_of, unavailable
 from streaming.jsonbody import (
     InvalidBody,
     body_limit,
@@ -103,9 +103,16 @@ class OpenAIConsumer(TaskedHttpConsumer):
                 await self.error(413, "too_large", too_large_detail(limit))
                 return
             await self.respond(user, body)
-        except Exception:
-            log.exception("OpenAI-compatible request failed")
-            if not self.replied:
+        except Exception as exc:
+            down = unavailable(exc)
+            if down is None:
+                log.exception("OpenAI-compatible request failed")
+            else:
+                log.warning("an OpenAI-compatible request failed on the database: %s", exc)
+            if not self.replied and down is not None:
+                headers = [(k.lower().encode(), v.encode()) for k, v in headers_of(down).items()]
+                await self.reply(down.status, service_error_document(down, None), headers)
+            elif not self.replied:
                 await self.error(500, "server_error", "internal server error")
 
     async def respond(self, user: Any, body: bytes) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 from streaming import selectors
 from streaming.auth import authenticate, header, with_session
 from streaming.conf import streaming_settings
-from streaming.errors import error_bytes
+from streaming.errors import error_bytes, headers_of, unavailable
 from streaming.metrics import ONE_STEP_POSTS
 from streaming.reading import MessageState
 from streaming.termination import Status
@@ -124,11 +124,10 @@ class OneStepAnswers:
         if self.lean:
             try:
                 lean = await self._create_lean(scope, receive, send)
-            except Exception:
+            except Exception as exc:
                 # Nothing was sent yet (``_open`` encodes before it sends): the error is
                 # answered as the REST API answers one, in its JSON shape.
-                log.exception("one-step post failed")
-                await _server_error(send)
+                await _failed(send, exc)
                 return
             if isinstance(lean, tuple):
                 await self._stream(*lean, scope, receive, send)
@@ -240,10 +239,25 @@ async def _open(send: Any, created: dict[str, Any], headers: list[tuple[bytes, b
     await send({"type": "http.response.body", "body": opening, "more_body": True})
 
 
-async def _server_error(send: Any) -> None:
-    body = error_bytes(500, "server_error", "internal server error")
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": 500, "headers": headers})
+async def _failed(send: Any, exc: Exception) -> None:
+    """The answer to a one-step post that failed before it sent anything: a 503 when the
+    database failed it (nothing was made: the same post may be sent again), else a 500."""
+    down = unavailable(exc)
+    if down is None:
+        log.error("one-step post failed", exc_info=exc)
+        status, body, extra = 500, error_bytes(500, "server_error", "internal server error"), []
+    else:
+        log.warning("a one-step post failed on the database: %s", exc)
+        status, body = down.status, error_bytes(down.status, down.code, down.message)
+        extra = [
+            (name.lower().encode(), value.encode()) for name, value in headers_of(down).items()
+        ]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+        *extra,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

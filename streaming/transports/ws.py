@@ -32,7 +32,7 @@ from django.urls.converters import UUIDConverter
 from streaming import events, selectors
 from streaming.auth import authenticate, user_for_token
 from streaming.conf import streaming_settings
-from streaming.errors import NotFound, ServiceError, describe
+from streaming.errors import NotFound, ServiceError, describe, unavailable
 from streaming.feed import Listener
 from streaming.jsonbody import InvalidJSON, decode_json
 from streaming.logcontext import stream_context
@@ -229,7 +229,11 @@ class ChatConsumer(LoopWebsocketConsumer):
             await self._send_error(ref, code=exc.code, message=exc.message, **field)
         except ServiceError as exc:
             await self._send_error(ref, **describe(exc))
-        except Exception:
+        except Exception as exc:
+            if (down := unavailable(exc)) is not None:
+                log.warning("a WebSocket frame failed on the database: %s", exc)
+                await self._send_error(ref, **describe(down))
+                return
             # A bug must cost one frame its answer, never the socket and its streams.
             log.exception("WebSocket frame failed")
             await self._send_error(ref, code="server_error", message="internal server error")

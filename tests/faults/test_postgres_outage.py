@@ -144,3 +144,49 @@ async def test_connections_the_server_ended_fail_no_request(daphne, account):
         assert [r.status_code for r in answers] == [201] * 4 + [200] * 5, [
             r.text for r in answers if r.status_code >= 400
         ]
+
+
+async def test_requests_while_the_database_is_away_are_503s_to_retry(
+    postgres_proxy, daphne, account
+):
+    """REST, the one-step post, /v1 and a WebSocket create, with PostgreSQL unreachable:
+    each is told the database is unavailable and to retry (503 ``unavailable`` with
+    ``Retry-After``; the frame's error), within the pool's wait, not a 500; and each
+    works again once the database is back."""
+    from tests.support.wsclient import ChatSocket
+
+    server = daphne(DATABASE_URL=through(postgres_proxy.port), DATABASE_POOL_TIMEOUT="2")
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        conversation = await create_conversation(client, account.token)
+        bearer = {"Authorization": f"Bearer {account.token}"}
+        v1 = {"model": "simulated", "messages": [{"role": "user", "content": "hi"}]}
+        url = f"/api/conversations/{conversation}/messages/"
+        stream = {**auth(account.token), "Accept": "text/event-stream"}
+        socket = await ChatSocket.connect(server.ws_url, account.token)
+        try:
+            postgres_proxy.cut()
+            try:
+                refused = [
+                    await client.get("/api/conversations/", headers=auth(account.token)),
+                    await client.post("/api/conversations/", json={}, headers=auth(account.token)),
+                    await client.post(url, json={"content": "hi"}, headers=stream),
+                    await client.post("/v1/chat/completions", json=v1, headers=bearer),
+                ]
+                await socket.send({"type": "message.create", "content": "hi", "ref": 1})
+                frame = (await socket.recv_until("error"))[-1]
+            finally:
+                postgres_proxy.restore()
+            for response in refused:
+                assert response.status_code == 503, (response.request.url, response.text)
+                assert response.json()["error"]["code"] == "unavailable"
+                assert int(response.headers["retry-after"]) > 0
+            assert (frame["type"], frame["code"], frame["status"]) == ("error", "unavailable", 503)
+            async with asyncio.timeout(30):  # as a client told to retry does
+                while True:
+                    listed = await client.get("/api/conversations/", headers=auth(account.token))
+                    if listed.status_code != 503:
+                        break
+                    await asyncio.sleep(int(listed.headers["retry-after"]))
+            assert listed.status_code == 200, listed.text
+        finally:
+            await socket.close()
