@@ -20,11 +20,15 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from rest_framework.authtoken.admin import TokenAdmin
+from rest_framework.authtoken.models import TokenProxy
 
 from streaming import selectors, services
 from streaming.conf import streaming_settings
@@ -362,3 +366,16 @@ class InFlightAdmin(StorableLookups, StopPermission, admin.ModelAdmin):
     ) -> HttpResponse:
         context = {"title": "Answers streaming now", **(extra_context or {})}
         return super().changelist_view(request, context)
+
+
+def _with_storable_lookups(model: type[Any], model_admin: type[admin.ModelAdmin[Any]]) -> None:
+    """Django's and DRF's own lists (users, groups, tokens) refuse a lookup text cannot
+    hold as this app's do (``?username=%00`` was a 500): registered again with
+    ``StorableLookups`` in front of their admin class, which is otherwise unchanged."""
+    admin.site.unregister(model)
+    admin.site.register(model, type(model_admin.__name__, (StorableLookups, model_admin), {}))
+
+
+_with_storable_lookups(User, UserAdmin)
+_with_storable_lookups(Group, GroupAdmin)
+_with_storable_lookups(TokenProxy, TokenAdmin)

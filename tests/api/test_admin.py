@@ -143,6 +143,10 @@ def test_a_lookup_text_cannot_hold_is_a_bad_lookup_not_a_500(staff, account):
         "/admin/streaming/message/?status__exact=%00",
         "/admin/streaming/conversation/?q=%00",
         "/admin/streaming/message/in-flight/?conversation__title=%00",
+        "/admin/auth/user/?username=%00",
+        "/admin/auth/user/?q=%00",
+        "/admin/auth/group/?q=%00",
+        "/admin/authtoken/tokenproxy/?q=%00",
     ):
         page = staff.get(url)
         assert page.status_code == 302, url
