@@ -1107,9 +1107,11 @@ async def stop_answers(
 
 
 def delete_conversation(user: Any, conversation_id: Any) -> None:
-    """Delete one of the user's conversations (``NotFound`` if it is not theirs)."""
+    """Delete one of the user's conversations (``NotFound`` if it is not theirs, or a
+    delete at the same moment took it first)."""
     conversation = conversation_for(user, conversation_id)
-    delete_conversations(Conversation.objects.filter(pk=conversation.pk))
+    if not delete_conversations(Conversation.objects.filter(pk=conversation.pk)):
+        raise NotFound("conversation not found")
 
 
 # How many times a delete stops answers that started after its last stop before it
@@ -1117,7 +1119,7 @@ def delete_conversation(user: Any, conversation_id: Any) -> None:
 DELETE_ATTEMPTS = 5
 
 
-def delete_conversations(conversations: QuerySet[Conversation]) -> None:
+def delete_conversations(conversations: QuerySet[Conversation]) -> int:
     """Stop the conversations' running answers, then delete them with their messages and
     logs, the logs last so that no late append recreates one. Synchronous, for request
     threads; the caller decided who may delete ``conversations``.
@@ -1127,7 +1129,8 @@ def delete_conversations(conversations: QuerySet[Conversation]) -> None:
     or fail it, and its log would outlast it). An answer found streaming under the locks
     that started after the stop is stopped in turn, and the delete tried again: its end
     is written under the same lock, so it cannot be waited for while holding it. One
-    that was stopped and did not end (its process is gone) is deleted as it is."""
+    that was stopped and did not end (its process is gone) is deleted as it is. Returns
+    how many conversations this call deleted (a delete at the same moment may take some)."""
     chosen = list(conversations.values_list("pk", flat=True))
     stopped: set[str] = set()
     for _ in range(DELETE_ATTEMPTS):
@@ -1152,7 +1155,7 @@ def delete_conversations(conversations: QuerySet[Conversation]) -> None:
                 _notify(owner_id, *events)
         if message_ids:
             call(_drop_logs, message_ids)
-        return
+        return len(owned)
     raise Conflict("answers kept starting in this conversation while it was deleted; try again")
 
 

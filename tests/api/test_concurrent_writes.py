@@ -187,3 +187,17 @@ def test_a_stop_first_beside_another_write_is_never_taken_for_a_dead_process(
             for made in (edited, posted):
                 if made.status_code == 201:
                     api.post(f"/api/messages/{made.json()['message']['id']}/cancel/")
+
+
+def test_of_two_deletes_at_once_one_deletes_and_the_other_finds_nothing(daphne, account) -> None:
+    server = daphne()
+    with client(server, account.token) as api, client(server, account.token) as other:
+        for _ in range(ROUNDS):
+            conversation = new_conversation(api)
+            answered(api, conversation)
+            url = f"/api/conversations/{conversation}/"
+            first, second = at_once(partial(api.delete, url), partial(other.delete, url))
+            assert sorted([first.status_code, second.status_code]) == [204, 404], (
+                first.text,
+                second.text,
+            )
