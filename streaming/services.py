@@ -767,11 +767,16 @@ async def continue_message(user: Any, message_id: Any) -> Exchange:
     return await database.run(create_continuation, user, message_id)
 
 
+def _streaming_at_or_below(message: Message) -> QuerySet[Message]:
+    """The answers streaming at ``message`` or anywhere below it."""
+    below = tree_of(message.conversation_id).subtree(message.id)
+    return Message.objects.filter(id__in=below, status=Status.STREAMING)
+
+
 def _refuse_streaming_branch(message: Message, what: str, *, offer_stop: bool = True) -> None:
     """409 while ``message`` or anything below it streams: its replacement would race it.
     ``offer_stop``: the request takes ``"stop": true`` (a regenerate, an edit)."""
-    below = tree_of(message.conversation_id).subtree(message.id)
-    if Message.objects.filter(id__in=below, status=Status.STREAMING).exists():
+    if _streaming_at_or_below(message).exists():
         how = ' (or send "stop": true)' if offer_stop else ""
         raise Conflict(f"this branch is still streaming; stop it first{how} to {what}")
 
@@ -796,7 +801,7 @@ def check_regeneration(user: Any, message_id: Any, raw_params: Any = None) -> No
     refused after."""
     old = message_for(user, message_id)
     _regeneration_params(old, raw_params)
-    _refuse_streaming_path(History.of(old.conversation_id).path(old.parent_id))
+    _refuse_streaming_path(path_messages(old.conversation_id, old.parent_id))
 
 
 def _create_regeneration(
@@ -865,7 +870,7 @@ def check_edit(
     _, model = _edit_request(content, raw_params, model)
     old = message_for(user, message_id)
     _edit_params(old, raw_params, model)
-    _refuse_streaming_path(History.of(old.conversation_id).path(old.parent_id))
+    _refuse_streaming_path(path_messages(old.conversation_id, old.parent_id))
 
 
 def _create_edit(
@@ -987,9 +992,7 @@ async def edit_message(
 def _streaming_below(user: Any, message_id: Any) -> dict[str, int]:
     """The answers streaming at or below one of the user's messages, each with its number
     of segments (a Continue adds one: the same id streaming again is a new segment)."""
-    message = message_for(user, message_id)
-    below = tree_of(message.conversation_id).subtree(message.id)
-    streaming = Message.objects.filter(id__in=below, status=Status.STREAMING)
+    streaming = _streaming_at_or_below(message_for(user, message_id))
     counted = streaming.annotate(segment_count=Count("segments")).values_list("id", "segment_count")
     return {str(i): n for i, n in counted}
 
