@@ -110,8 +110,7 @@ class OpenAIConsumer(TaskedHttpConsumer):
             else:
                 log.warning("an OpenAI-compatible request failed on the database: %s", exc)
             if not self.replied and down is not None:
-                headers = [(k.lower().encode(), v.encode()) for k, v in headers_of(down).items()]
-                await self.reply(down.status, service_error_document(down, None), headers)
+                await self.refuse(down)
             elif not self.replied:
                 await self.error(500, "server_error", "internal server error")
 
@@ -127,6 +126,17 @@ class OpenAIConsumer(TaskedHttpConsumer):
         self.replied = True
         body = json.dumps(document, ensure_ascii=False).encode()
         await self.send_response(status, body, headers=[JSON, *(headers or [])])
+
+    async def refuse(
+        self,
+        exc: ServiceError,
+        request: CompletionRequest | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        """``exc`` in OpenAI's error shape (its fields as ``request`` spelled them), with
+        the headers it calls for (``Retry-After``) after ``headers``."""
+        own = [(k.lower().encode(), v.encode()) for k, v in headers_of(exc).items()]
+        await self.reply(exc.status, service_error_document(exc, request), [*(headers or []), *own])
 
     async def error(
         self,
@@ -189,8 +199,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
             request = parse_request(document, await selectors.served_models())
             exchange = await self.post(user, request)
         except ServiceError as exc:
-            headers = [(k.lower().encode(), v.encode()) for k, v in headers_of(exc).items()]
-            await self.reply(exc.status, service_error_document(exc, request), headers)
+            await self.refuse(exc, request)
             return
         message = exchange.assistant_message
         message_id = str(message.id)
@@ -315,8 +324,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
             # This process stopped (a SIGTERM's drain ran out) while it answered: not the
             # engine's failure. A retry is served by a process that stays.
             stopped = ShuttingDown("the server process stopped while answering; retry")
-            headers = [(k.lower().encode(), v.encode()) for k, v in headers_of(stopped).items()]
-            await self.reply(stopped.status, service_error_document(stopped, None), ids + headers)
+            await self.refuse(stopped, headers=ids)
             return
         if error is not None or termination.get("status") in FAILED:
             error = error or termination_error(termination)
