@@ -4,6 +4,7 @@ elsewhere, a generating process killed mid-stream."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,16 @@ from tests.support.clients import (
 from tests.support.wsclient import ChatSocket
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("needs_redis")]
+
+
+async def long_answer(client: Any, token: str, question: str) -> dict[str, Any]:
+    """A new conversation's answer that streams for over a minute (40 tokens a second):
+    still streaming whatever the test does to a process meanwhile."""
+    conversation = await create_conversation(client, token)
+    return await post_message(
+        client, token, conversation, question,
+        simulation={"length": 3000, "tokens_per_second": 40},
+    )  # fmt: skip
 
 
 def assert_exact_sequence(events: list[dict]) -> None:
@@ -140,11 +151,7 @@ async def test_killed_process_is_reaped_and_nothing_is_lost(two_processes, accou
     fast_reaper = {"STREAM_HEARTBEAT_INTERVAL": "0.3", "STREAM_HEARTBEAT_TIMEOUT": "1.5"}
     async with two_processes(**fast_reaper) as (a, _, ca, cb):
         assert (await cb.get("/healthz")).status_code == 200  # B is up and beating
-        conversation = await create_conversation(ca, account.token)
-        message = await post_message(
-            ca, account.token, conversation, "tell me a long story",
-            simulation={"length": 3000, "tokens_per_second": 40},
-        )  # fmt: skip
+        message = await long_answer(ca, account.token, "tell me a long story")
         url = f"/api/messages/{message['id']}/stream/"
         seen: list[dict] = []
         async with cb.stream("GET", url, headers=auth(account.token)) as response:
@@ -174,11 +181,7 @@ async def test_deleting_a_conversation_ends_readers_of_a_dead_process_answer(
     deleting the conversation must still end the reader following the answer elsewhere."""
     slow_reaper = {"STREAM_HEARTBEAT_TIMEOUT": "600"}
     async with two_processes(**slow_reaper) as (a, _, ca, cb):
-        conversation = await create_conversation(ca, account.token)
-        message = await post_message(
-            ca, account.token, conversation, "long",
-            simulation={"length": 3000, "tokens_per_second": 40},
-        )  # fmt: skip
+        message = await long_answer(ca, account.token, "long")
         url = f"/api/messages/{message['id']}/stream/"
         seen: list[dict] = []
         async with asyncio.timeout(60), cb.stream("GET", url, headers=auth(account.token)) as r:
@@ -189,7 +192,8 @@ async def test_deleting_a_conversation_ends_readers_of_a_dead_process_answer(
                 if len(seen) == 5:
                     a.kill()
                     deleted = await cb.delete(
-                        f"/api/conversations/{conversation}/", headers=auth(account.token)
+                        f"/api/conversations/{message['conversation']}/",
+                        headers=auth(account.token),
                     )
                     assert deleted.status_code == 204
                 if item.data["type"] == "done":
@@ -210,11 +214,7 @@ async def test_a_stop_no_process_confirms_is_said_not_answered_as_done(two_proce
     not a 200 with the answer still streaming; a regenerate that says "stop" likewise."""
     slow_reaper = {"STREAM_HEARTBEAT_TIMEOUT": "600", "STREAM_STOP_WAIT": "1"}
     async with two_processes(**slow_reaper) as (a, _, ca, cb):
-        conversation = await create_conversation(ca, account.token)
-        message = await post_message(
-            ca, account.token, conversation, "long",
-            simulation={"length": 3000, "tokens_per_second": 40},
-        )  # fmt: skip
+        message = await long_answer(ca, account.token, "long")
         a.kill()
         stopped = await cb.post(
             f"/api/messages/{message['id']}/cancel/", headers=auth(account.token)
@@ -241,11 +241,7 @@ async def test_an_answer_read_only_by_a_process_that_died_is_abandoned(two_proce
         "STREAM_ABANDON_GRACE": "0.5",
     }
     async with two_processes(**env) as (_, b, ca, cb):
-        conversation = await create_conversation(ca, account.token)
-        message = await post_message(
-            ca, account.token, conversation, "long",
-            simulation={"length": 3000, "tokens_per_second": 40},
-        )  # fmt: skip
+        message = await long_answer(ca, account.token, "long")
         url = f"/api/messages/{message['id']}/stream/"
         seen = 0
         async with asyncio.timeout(30), cb.stream("GET", url, headers=auth(account.token)) as r:
