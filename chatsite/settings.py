@@ -124,6 +124,12 @@ if DATABASE_URL:
         # database threads keep theirs between calls and check them without a round trip
         # (streaming.database), so an answer's calls do not pay for it.
         DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+        # A connection PostgreSQL stops answering on without closing it (a frozen proxy or
+        # pooler) fails its call after DATABASE_WAIT_TIMEOUT (chatsite.backends.postgresql),
+        # and one it never answers the handshake of after connect_timeout, instead of
+        # holding a request until TCP gives up (libpq waits forever, psycopg 130 s).
+        # A ``connect_timeout`` in DATABASE_URL's query replaces this one.
+        DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 10)
         # Parameters bound by the server, and a statement a connection has run this many
         # times prepared there: PostgreSQL then plans each of an answer's statements once
         # per connection instead of on every run (planning was a third of its CPU per
@@ -162,6 +168,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Threads that run database calls for async code (streaming.database); keep it below the
 # pool size so request threads always find a connection.
 DATABASE_THREADS = env_int("DATABASE_THREADS", 4)
+# Seconds a call waits for PostgreSQL's answer before its connection is given up and the
+# call fails (503 unavailable); 0: no bound, for a long migration (deploy/web.py setup).
+DATABASE_WAIT_TIMEOUT = env_float("DATABASE_WAIT_TIMEOUT", 30.0)
 # Django requests (REST, admin, pages) served at once per process. Django runs each one in
 # a thread of its own; past this bound a request waits its turn on the event loop, holding
 # no thread and no connection, so a burst of thousands of POSTs queues instead of piling

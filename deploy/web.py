@@ -94,6 +94,8 @@ def with_secret_key(env: dict[str, str], *, create: bool) -> dict[str, str]:
 def setup() -> int:
     env = with_secret_key(dict(os.environ), create=True)
     manage = [sys.executable, str(ROOT / "manage.py")]
+    # A migration may rewrite a large table in one statement: no bound on its answer.
+    env.setdefault("DATABASE_WAIT_TIMEOUT", "0")
     for command in (["migrate", "--noinput"], ["collectstatic", "--noinput"]):
         result = subprocess.run([*manage, *command], cwd=ROOT, env=env, check=False)
         if result.returncode != 0:

@@ -26,6 +26,8 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.utils import timezone
+
 from streaming import database, events, metrics, signals
 from streaming.conf import streaming_settings
 from streaming.detokenize import Detokenizer
@@ -575,9 +577,11 @@ class Generation:
     async def _persist_final(
         self, content: str, reasoning: str, done_seq: int, termination: Termination
     ) -> bool:
-        """Write the final record, retrying while the database is unreachable."""
+        """Write the final record, retrying while the database is unreachable (every try
+        the same write, named by its ``ended_at``: ``finalize_segment``)."""
         delay = 0.2
         deadline = time.monotonic() + streaming_settings.PERSIST_RETRY_SECONDS
+        ended_at = timezone.now()
         while True:
             started = time.monotonic()
             try:
@@ -590,6 +594,7 @@ class Generation:
                     start_offset=len(self.plan.base_text),
                     last_seq=done_seq,
                     termination=termination,
+                    ended_at=ended_at,
                     reasoning=reasoning,
                     reasoning_start_offset=len(self.plan.base_reasoning),
                     tool_calls=self.tool_calls.as_list(),

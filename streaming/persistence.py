@@ -13,10 +13,10 @@ event, which makes finalisation exactly-once across processes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
-from django.utils import timezone
 
 from streaming import statements
 from streaming.models import Conversation, Message, Segment
@@ -91,6 +91,7 @@ def finalize_segment(
     start_offset: int,
     last_seq: int,
     termination: Termination,
+    ended_at: datetime,
     reasoning: str = "",
     reasoning_start_offset: int = 0,
     tool_calls: list[dict[str, Any]] | None = None,
@@ -100,11 +101,17 @@ def finalize_segment(
 
     ``content`` and ``reasoning`` are the whole message's; the segment's own parts begin
     at ``start_offset`` and ``reasoning_start_offset`` in them. ``tool_calls`` are the
-    segment's own, ``earlier_tool_calls`` those of the message's earlier segments."""
+    segment's own, ``earlier_tool_calls`` those of the message's earlier segments.
+
+    ``ended_at`` names the write: a caller that tries again after a failure passes the
+    same one. A try can commit without its caller hearing so (the connection lost after
+    the commit, or given up on a server that answered too late: ``DATABASE_WAIT_TIMEOUT``);
+    the next try then finds the segment final, and by ``ended_at`` that the record is its
+    own, so the caller still ends the log with its ``done``, which otherwise nobody
+    would, leaving the answer's readers waiting."""
     calls = list(tool_calls or [])
-    now = timezone.now()
     t = termination
-    return statements.update_chain(
+    written = statements.update_chain(
         [
             (
                 Segment,
@@ -130,7 +137,7 @@ def finalize_segment(
                     "error_code": t.error_code,
                     "context_full": t.context_full,
                     "ended_in_reasoning": t.ended_in_reasoning,
-                    "ended_at": now,
+                    "ended_at": ended_at,
                 },
                 {"message_id": message_id, "index": segment_index, "status": Status.STREAMING},
             ),
@@ -143,10 +150,15 @@ def finalize_segment(
                     "status": t.status,
                     "termination": t.as_dict(),
                     "last_seq": last_seq,
-                    "updated_at": now,
+                    "updated_at": ended_at,
                 },
                 {"id": message_id},
             ),
-            (Conversation, {"updated_at": now}, {"id": conversation_id}),
+            (Conversation, {"updated_at": ended_at}, {"id": conversation_id}),
         ]
+    )
+    return written or (
+        Segment.objects.filter(message_id=message_id, index=segment_index, ended_at=ended_at)
+        .exclude(status=Status.STREAMING)
+        .exists()
     )

@@ -12,7 +12,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+
+from django.utils import timezone
 
 from streaming import database, events, metrics, signals
 from streaming.conf import streaming_settings
@@ -89,6 +92,10 @@ class Reaper:
         self.presence = presence
         # Workers found without a heartbeat, and since when (monotonic).
         self.missing: dict[str, float] = {}
+        # Orphans whose final record was sent without an answer, with the ``ended_at``
+        # that names it: tried again, as the same write, until the answer comes. It may
+        # have committed meanwhile, and then the segment is no longer found streaming.
+        self.unsettled: dict[tuple[str, int], tuple[Orphan, datetime]] = {}
 
     async def dead_workers(self, workers: list[str], *, confirm: bool) -> list[str]:
         """Workers without a heartbeat. With ``confirm``, only those this process has seen
@@ -109,22 +116,27 @@ class Reaper:
 
     async def reap(self, *, confirm: bool = True) -> int:
         """One pass; returns how many segments this process finalised."""
+        orphans = {key: orphan for key, (orphan, _) in self.unsettled.items()}
         workers = await database.run(_streaming_workers)
         dead = await self.dead_workers(workers, confirm=confirm)
-        if not dead:
-            return 0
-        orphans = await database.run(_orphans, dead)
+        if dead:
+            for orphan in await database.run(_orphans, dead):
+                orphans.setdefault((orphan.message_id, orphan.segment_index), orphan)
         reaped = 0
-        for orphan in orphans:
+        for key, orphan in orphans.items():
+            ended_at = self.unsettled[key][1] if key in self.unsettled else timezone.now()
             # One segment that cannot be finalised must not keep the others from it.
             try:
-                if await self.reap_one(orphan):
+                if await self.reap_one(orphan, ended_at):
                     reaped += 1
             except Exception:
+                self.unsettled[key] = (orphan, ended_at)
                 log.exception("could not reap %s/%d", orphan.message_id, orphan.segment_index)
+            else:
+                self.unsettled.pop(key, None)
         return reaped
 
-    async def reap_one(self, orphan: Orphan) -> bool:
+    async def reap_one(self, orphan: Orphan, ended_at: datetime) -> bool:
         """Finalise one orphan from the database's text and the log's tail, spliced by
         seq: the write-behind stores the text with the seq it reaches, so the log is only
         needed after that seq (a log that lost its beginning to a Redis restart loses
@@ -168,6 +180,7 @@ class Reaper:
             start_offset=orphan.start_offset,
             last_seq=done_seq,
             termination=termination,
+            ended_at=ended_at,
             reasoning=reasoning,
             reasoning_start_offset=orphan.reasoning_start_offset,
             tool_calls=calls.as_list(),

@@ -29,6 +29,7 @@ LAUNCHER = ROOT / "deploy" / "web.py"
 # Settings whose built-in default is right in production, so compose.yaml leaves them out.
 SAFE_DEFAULTS = {
     "DATABASE_POOL_TIMEOUT",
+    "DATABASE_WAIT_TIMEOUT",
     "DEFAULT_MAX_TOKENS",
     "MAX_CONCURRENT_GENERATIONS_PER_USER",
     "MAX_MESSAGE_CHARS",

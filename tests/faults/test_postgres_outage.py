@@ -146,16 +146,29 @@ async def test_connections_the_server_ended_fail_no_request(daphne, account):
         ]
 
 
+# How PostgreSQL goes away: ``refused``, its connections reset and new ones refused (a host
+# gone); ``frozen``, its connections kept open and new ones accepted, with nothing answered
+# on any (a proxy or pooler that stopped, a host that hangs).
+FAULTS = {"refused": ("cut", "restore"), "frozen": ("freeze", "thaw")}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
 async def test_requests_while_the_database_is_away_are_503s_to_retry(
-    postgres_proxy, daphne, account
+    postgres_proxy, daphne, account, fault
 ):
-    """REST, the one-step post, /v1 and a WebSocket create, with PostgreSQL unreachable:
-    each is told the database is unavailable and to retry (503 ``unavailable`` with
-    ``Retry-After``; the frame's error), within the pool's wait, not a 500; and each
-    works again once the database is back."""
+    """REST, the one-step post, /v1 and a WebSocket create, with PostgreSQL away: each
+    is told the database is unavailable and to retry (503 ``unavailable`` with
+    ``Retry-After``; the frame's error), within the pool's wait or the wait for an answer
+    (``DATABASE_WAIT_TIMEOUT``), not a 500 and not a request held until TCP gives up;
+    and each works again once the database is back."""
     from tests.support.wsclient import ChatSocket
 
-    server = daphne(DATABASE_URL=through(postgres_proxy.port), DATABASE_POOL_TIMEOUT="2")
+    away, back = (getattr(postgres_proxy, name) for name in FAULTS[fault])
+    server = daphne(
+        DATABASE_URL=f"{through(postgres_proxy.port)}?connect_timeout=2",
+        DATABASE_POOL_TIMEOUT="2",
+        DATABASE_WAIT_TIMEOUT="2",
+    )
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
         conversation = await create_conversation(client, account.token)
         bearer = {"Authorization": f"Bearer {account.token}"}
@@ -164,7 +177,7 @@ async def test_requests_while_the_database_is_away_are_503s_to_retry(
         stream = {**auth(account.token), "Accept": "text/event-stream"}
         socket = await ChatSocket.connect(server.ws_url, account.token)
         try:
-            postgres_proxy.cut()
+            away()
             try:
                 refused = [
                     await client.get("/api/conversations/", headers=auth(account.token)),
@@ -175,7 +188,7 @@ async def test_requests_while_the_database_is_away_are_503s_to_retry(
                 await socket.send({"type": "message.create", "content": "hi", "ref": 1})
                 frame = (await socket.recv_until("error"))[-1]
             finally:
-                postgres_proxy.restore()
+                back()
             for response in refused:
                 assert response.status_code == 503, (response.request.url, response.text)
                 assert response.json()["error"]["code"] == "unavailable"
@@ -190,3 +203,57 @@ async def test_requests_while_the_database_is_away_are_503s_to_retry(
             assert listed.status_code == 200, listed.text
         finally:
             await socket.close()
+
+
+async def test_a_final_record_whose_answer_never_came_still_ends_the_stream(
+    postgres_proxy, daphne, account
+):
+    """The answer's final record reaches PostgreSQL and commits, but the reply is lost (a
+    network that drops what the server sends): the server gives up on it after
+    ``DATABASE_WAIT_TIMEOUT`` and tries again once PostgreSQL answers. The try finds the
+    segment final with its own record (``ended_at`` names the write), so it still ends the
+    log with the segment's ``done``: the reader gets it, and what it got is what is stored.
+    Before, the try counted the record as someone else's and nobody sent the ``done``: the
+    reader waited for ever."""
+    from asgiref.sync import sync_to_async
+
+    from streaming.models import Segment
+    from streaming.termination import Status
+
+    server = daphne(
+        DATABASE_URL=f"{through(postgres_proxy.port)}?connect_timeout=2",
+        DATABASE_POOL_TIMEOUT="2",
+        DATABASE_WAIT_TIMEOUT="2",
+    )
+    tokens = 30
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "hi",
+            simulation={"length": tokens, "tokens_per_second": 20, "ttft_ms": 0},
+        )  # fmt: skip
+        reader = Reader(client, account.token, message["id"])
+        task = asyncio.create_task(reader.run())
+
+        def final() -> bool:
+            segment = Segment.objects.get(message_id=message["id"], index=0)
+            return segment.status != Status.STREAMING
+
+        try:
+            async with asyncio.timeout(30):
+                await reader.seen(1).wait()
+            # From the final record's statement on, nothing PostgreSQL sends arrives.
+            postgres_proxy.hold_replies(after=b'UPDATE "streaming_segment"')
+            # The server gives up on the record's answer and closes the connection.
+            assert await asyncio.to_thread(postgres_proxy.given_up.wait, 60)
+            assert await sync_to_async(final)(), "the record committed all the same"
+            assert not task.done(), "the done waits for the record's answer"
+        finally:
+            postgres_proxy.thaw()
+        async with asyncio.timeout(60):
+            await task
+        assert reader.events[-1]["type"] == "done"
+        stored = await client.get(f"/api/messages/{message['id']}/", headers=auth(account.token))
+        persisted = stored.json()
+        assert persisted["status"] == "complete", persisted["termination"]
+        assert_exact(reader.events, persisted)

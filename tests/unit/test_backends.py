@@ -91,3 +91,49 @@ def test_the_parse_of_an_answers_writes_is_kept() -> None:
     before = _queries._query2pg.cache_info().hits
     write()
     assert _queries._query2pg.cache_info().hits == before + 1
+
+
+@pytest.mark.timeout(60)
+def test_a_call_the_server_never_answers_fails_and_closes_its_connection() -> None:
+    """A connection that stays open while nothing answers on it (a frozen proxy): the
+    call fails after the bound, with an error saying so, instead of waiting until TCP
+    gives up, and the connection is closed (its state is unknown)."""
+    import psycopg
+
+    from chatsite.backends.postgresql.base import answered_within
+    from tests.faults.tcpproxy import TcpProxy
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL (DATABASE_URL)")
+    settings = connection.settings_dict
+    proxy = TcpProxy(settings.get("HOST") or "127.0.0.1", int(settings.get("PORT") or 5432))
+    proxy.start()
+    try:
+        with answered_within(0.5).connect(
+            host="127.0.0.1",
+            port=proxy.port,
+            dbname=settings["NAME"],
+            user=settings.get("USER") or "postgres",
+            password=settings.get("PASSWORD") or None,
+            autocommit=True,
+        ) as bounded:
+            assert bounded.execute("SELECT 1").fetchone() == (1,)
+            proxy.freeze()
+            with pytest.raises(psycopg.OperationalError, match=r"did not answer within 0\.5 s"):
+                bounded.execute("SELECT 1")
+            assert bounded.closed
+    finally:
+        proxy.thaw()
+        proxy.stop()
+
+
+def test_the_pool_makes_connections_bounded_by_the_setting() -> None:
+    """Every connection of the pool is of the class bounded by ``DATABASE_WAIT_TIMEOUT``
+    (30 s unless set)."""
+    from chatsite.backends.postgresql.base import answered_within
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL (DATABASE_URL)")
+    pool = connection.pool
+    assert pool is not None
+    assert pool.connection_class is answered_within(30.0), "the pool makes bounded ones"

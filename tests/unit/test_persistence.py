@@ -88,3 +88,41 @@ def test_a_partial_in_a_page_filled_by_inserts_touches_no_index() -> None:
     # At least one rewrite per page stays out of the indexes (at 100: none does).
     assert _hot_updates() - before >= len(running) // 4
     assert Message.objects.get(id=running[5].id).content == running[5].content[::-1]
+
+
+def test_a_final_record_tried_again_is_known_as_its_own() -> None:
+    """The same write (the same ``ended_at``) finds the segment final with its own record
+    and says it owns it; another writer's finds it final and does not."""
+    from datetime import datetime, timedelta
+
+    from django.utils import timezone
+
+    from streaming.models import Segment
+    from streaming.persistence import finalize_segment
+    from streaming.termination import Termination
+
+    owner = User.objects.create_user("final")
+    conversation = Conversation.objects.create(owner=owner)
+    message = Message.objects.create(
+        conversation=conversation, role="assistant", status=Status.STREAMING
+    )
+    Segment.objects.create(message=message, index=0, status=Status.STREAMING, worker="w")
+    ended_at = timezone.now()
+
+    def write(at: datetime) -> bool:
+        return finalize_segment(
+            message_id=str(message.id),
+            conversation_id=str(conversation.id),
+            segment_index=0,
+            content="done",
+            start_offset=0,
+            last_seq=3,
+            termination=Termination(status=Status.COMPLETE.value),
+            ended_at=at,
+        )
+
+    assert write(ended_at)
+    assert write(ended_at), "the same write, tried again"
+    assert not write(ended_at + timedelta(microseconds=1)), "someone else's"
+    message.refresh_from_db()
+    assert (message.content, message.status, message.last_seq) == ("done", Status.COMPLETE, 3)

@@ -113,6 +113,39 @@ async def test_a_dead_process_segment_is_finished_from_the_log(
     assert interrupted == [(Reaper, answer.message_id)]
 
 
+async def test_a_record_that_committed_unheard_still_gets_its_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The final record commits but its answer never comes (the connection lost after the
+    commit): the next pass no longer finds the segment streaming, and tries the same
+    write again (the same ``ended_at``), which finds it its own and ends the log."""
+    from django.db import OperationalError
+
+    from streaming import reaper as reaper_module
+
+    answer = await create_answer(dead_worker())
+    reaper = reaper_of()
+    await stream_of(reaper, answer, "Hel", "lo")
+    reader = asyncio.create_task(collect(reaper.hub, answer.message_id))
+    write = reaper_module.finalize_segment
+
+    def committed_unheard(**kwargs: Any) -> bool:
+        write(**kwargs)
+        raise OperationalError("the answer never came")
+
+    monkeypatch.setattr(reaper_module, "finalize_segment", committed_unheard)
+    assert await reaper.reap(confirm=False) == 0
+    assert (await load_message(answer.message_id)).status == Status.INTERRUPTED
+    monkeypatch.setattr(reaper_module, "finalize_segment", write)
+
+    assert await reaper.reap(confirm=False) == 1
+    logged = await reaper.log.read(answer.message_id)
+    assert [e["type"] for e in logged][-1] == events.DONE
+    assert await asyncio.wait_for(reader, HANG) == logged
+    assert reaper.unsettled == {}
+    assert await reaper.reap(confirm=False) == 0, "a third pass finds nothing"
+
+
 class CountingPresence(MemoryPresence):
     """Memory presence that records which workers each pass asks about."""
 
