@@ -86,8 +86,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             response["WWW-Authenticate"] = AUTHENTICATE
             code = "not_authenticated"
         elif isinstance(exc, exceptions.ParseError):
+            # A value at fault is named; otherwise the body as a whole is (not JSON, not
+            # UTF-8), as for a body that is no object.
             code = "invalid_body"
-            field = exc.field if isinstance(exc, InvalidBodyError) else None
+            field = (exc.field if isinstance(exc, InvalidBodyError) else None) or "body"
     else:
         message = str(exc)
     response.data = error_body(response.status_code, code, message, field)

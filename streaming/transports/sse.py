@@ -89,7 +89,7 @@ class MessageStreamConsumer(TaskedHttpConsumer):
             )
             return False
         if self.got_body or header(scope, b"content-length") not in (None, "0"):
-            await self.error(400, "invalid_body", "a stream takes no request body")
+            await self.error(400, "invalid_body", "a stream takes no request body", field="body")
             return False
         try:
             after = cursor_of(scope)

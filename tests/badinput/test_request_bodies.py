@@ -16,8 +16,8 @@ def test_deeply_nested_json_is_400_everywhere(daphne, account):
         rest = api.post(
             f"/api/conversations/{conversation}/messages/", content=deep, headers=headers
         )
-        error = assert_error(rest, 400, "invalid_body")
-        assert error["message"].startswith("the request body is nested deeper than"), error
+        error = assert_error(rest, 400, "invalid_body", "body")
+        assert error["message"].startswith("body: the request body is nested deeper than"), error
         bearer = {"Authorization": f"Bearer {account.token}", **headers}
         v1 = api.post("/v1/chat/completions", content=deep, headers=bearer)
         assert v1.status_code == 400
@@ -25,6 +25,12 @@ def test_deeply_nested_json_is_400_everywhere(daphne, account):
         assert v1.json()["error"]["message"].startswith("the request body is nested"), v1.text
         broken = api.post("/v1/chat/completions", content=b"{", headers=bearer)
         assert broken.json()["error"]["message"].startswith("the request body is not valid JSON")
+        # Not JSON at all: the body as a whole is named, as for a body that is no object.
+        for not_json in (b"{", b"\xff"):
+            plain = api.post(
+                f"/api/conversations/{conversation}/messages/", content=not_json, headers=headers
+            )
+            assert_error(plain, 400, "invalid_body", "body")
 
 
 def test_openai_bounds_the_history_and_a_refusal_leaves_nothing(daphne, account):

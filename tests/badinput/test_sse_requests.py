@@ -24,6 +24,7 @@ async def test_a_body_is_refused_and_a_401_names_the_scheme(daphne, account):
         )
         assert with_body.status_code == 400
         assert with_body.json()["error"]["code"] == "invalid_body"
+        assert with_body.json()["error"]["field"] == "body"
 
         async def chunks():
             yield b"chunked"
