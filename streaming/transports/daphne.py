@@ -135,6 +135,8 @@ TESTED_TWISTED = ((24, 7), (27, 0))
 # What the clear refusals read and override on Twisted's HTTP channel.
 CHANNEL_ATTRIBUTES = (
     "_respondToBadRequestAndDisconnect",
+    "allHeadersReceived",
+    "allContentReceived",
     "lineLengthExceeded",
     "loseConnection",
     "maxHeaders",
@@ -595,7 +597,11 @@ def install_clear_refusals() -> bool:
     headers or a request it cannot parse with a bare ``400`` and no body, and closes a
     connection whose line is over ``MAX_LENGTH`` without a word. The limits stay
     Twisted's; only the answer changes: ``431`` for the size and the count (RFC 6585),
-    ``400`` otherwise, each with the API's error object, and the connection closed."""
+    ``400`` otherwise, each with the API's error object, and the connection closed.
+
+    An HTTP/1.1 request without a ``Host`` header is refused the same way (``400``, as
+    RFC 9112 section 3.2 requires of a server): Twisted and Daphne served it, and Django
+    took the host from the listening address, so ``ALLOWED_HOSTS`` never saw it."""
     if not check_server():
         unavailable(CLEAR_REFUSALS, "the server check failed")
         return False
@@ -626,6 +632,22 @@ def install_clear_refusals() -> bool:
         else:
             refuse(self, 400, "bad_request", "the request is not valid HTTP/1.1")
 
+    headers_received = channel.allHeadersReceived
+    content_received = channel.allContentReceived
+
+    def allHeadersReceived(self: Any) -> None:
+        request = self.requests[-1]
+        if self._version == b"HTTP/1.1" and not request.requestHeaders.hasHeader(b"host"):
+            self._refused_request = True
+            refuse(self, 400, "bad_request", "an HTTP/1.1 request names its host: no Host header")
+            return
+        headers_received(self)
+
+    def allContentReceived(self: Any) -> None:
+        if getattr(self, "_refused_request", False):
+            return  # refused when its headers ended; the connection is closing
+        content_received(self)
+
     def lineLengthExceeded(self: Any, line: bytes) -> None:
         refuse(
             self,
@@ -636,6 +658,8 @@ def install_clear_refusals() -> bool:
 
     channel._respondToBadRequestAndDisconnect = _respondToBadRequestAndDisconnect
     channel.lineLengthExceeded = lineLengthExceeded
+    channel.allHeadersReceived = allHeadersReceived
+    channel.allContentReceived = allContentReceived
     channel.clear_refusals = True
     metrics.SERVER_HOOKS.labels(hook=CLEAR_REFUSALS).set(1)
     return True

@@ -94,3 +94,39 @@ def test_headers_over_the_servers_limit_are_told_why(daphne, account):
                 error = assert_error(refused, 431, "headers_too_large")
                 assert "16384 bytes" in error["message"], error
         assert api.get("/api/conversations/").status_code == 200
+
+
+def test_an_http11_request_without_host_is_refused(daphne, account):
+    """RFC 9112 asks a server to refuse an HTTP/1.1 request without ``Host``: a 400 with
+    the error object, and the connection closed (it was served, its host taken from the
+    listening address, past ``ALLOWED_HOSTS``). HTTP/1.0 has no ``Host`` to require."""
+    import json
+    import socket
+
+    server = daphne()
+
+    def exchange(raw: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(raw)
+            answer = b""
+            while chunk := sock.recv(65536):  # the server closes the connection
+                answer += chunk
+            return answer
+
+    token = f"Authorization: Token {account.token}\r\n".encode()
+    for raw in (
+        b"GET /api/conversations/ HTTP/1.1\r\n" + token + b"\r\n",
+        b"POST /api/conversations/ HTTP/1.1\r\n" + token
+        + b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+    ):  # fmt: skip
+        head, _, body = exchange(raw).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 "), head
+        error = json.loads(body)["error"]
+        assert (error["code"], error["message"]) == (
+            "bad_request",
+            "an HTTP/1.1 request names its host: no Host header",
+        )
+    served = exchange(b"GET /healthz HTTP/1.0\r\n\r\n")
+    assert served.startswith(b"HTTP/1.0 200 "), served[:100]
+    with client(server, account.token) as api:
+        assert api.get("/api/conversations/").json()["count"] == 0, "the POST made nothing"

@@ -258,6 +258,8 @@ def answer_to(raw: bytes) -> tuple[bytes, dict[str, object], bool]:
             "too_many_headers",
         ),
         (b"NONSENSE\r\n\r\n", 400, "bad_request"),
+        (b"GET / HTTP/1.1\r\n\r\n", 400, "bad_request"),
+        (b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", 400, "bad_request"),
         (b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400, "bad_request"),
     ],
 )
