@@ -1,6 +1,7 @@
 """The reaper: finalise segments whose generating process died.
 
-A segment still ``streaming`` whose worker stopped beating is rebuilt from the event log
+A segment still ``streaming`` whose worker stopped beating (or, in this process, that no
+generation here streams: ``Reaper._strayed``) is rebuilt from the event log
 (tokens streamed but not yet flushed to the database are kept), persisted as
 ``interrupted`` and closed with a terminal ``done`` so attached readers finish. The
 conditional final update makes this exactly-once across reapers; the log's explicit seq
@@ -58,10 +59,20 @@ def _streaming_workers() -> list[str]:
     )
 
 
-def _orphans(workers: list[str]) -> list[Orphan]:
+def _streaming_here(worker: str) -> list[tuple[str, int]]:
+    """The segments ``worker`` (this process) has streaming, by message and index."""
+    rows = Segment.objects.filter(status=Status.STREAMING, worker=worker).order_by()
+    return [(str(m), i) for m, i in rows.values_list("message_id", "index")]
+
+
+def _orphans(workers: list[str], keys: list[tuple[str, int]] | None = None) -> list[Orphan]:
+    """The segments streaming for ``workers``, or only those of ``keys`` among them."""
     rows = Segment.objects.filter(status=Status.STREAMING, worker__in=workers).select_related(
         "message"
     )
+    wanted = None if keys is None else set(keys)
+    if keys is not None:
+        rows = rows.filter(message_id__in=[m for m, _ in keys])
     return [
         Orphan(
             message_id=str(s.message_id),
@@ -79,6 +90,7 @@ def _orphans(workers: list[str]) -> list[Orphan]:
             earlier_tool_calls=list(s.message.tool_calls),
         )
         for s in rows
+        if wanted is None or (str(s.message_id), s.index) in wanted
     ]
 
 
@@ -96,6 +108,8 @@ class Reaper:
         # that names it: tried again, as the same write, until the answer comes. It may
         # have committed meanwhile, and then the segment is no longer found streaming.
         self.unsettled: dict[tuple[str, int], tuple[Orphan, datetime]] = {}
+        # This process's streaming segments that no generation here streamed last pass.
+        self.strays: set[tuple[str, int]] = set()
 
     async def dead_workers(self, workers: list[str], *, confirm: bool) -> list[str]:
         """Workers without a heartbeat. With ``confirm``, only those this process has seen
@@ -122,6 +136,8 @@ class Reaper:
         if dead:
             for orphan in await database.run(_orphans, dead):
                 orphans.setdefault((orphan.message_id, orphan.segment_index), orphan)
+        for orphan in await self._strayed(workers):
+            orphans.setdefault((orphan.message_id, orphan.segment_index), orphan)
         reaped = 0
         for key, orphan in orphans.items():
             ended_at = self.unsettled[key][1] if key in self.unsettled else timezone.now()
@@ -135,6 +151,25 @@ class Reaper:
             else:
                 self.unsettled.pop(key, None)
         return reaped
+
+    async def _strayed(self, workers: list[str]) -> list[Orphan]:
+        """This process's segments left streaming with no generation here, seen so on two
+        passes in a row (a start is registered within a turn of the loop after its rows
+        commit; two passes leave it a whole pass): an answer whose rows committed while
+        its post failed (the commit's answer lost, or given up on), or whose final record
+        could not be written for ``PERSIST_RETRY_SECONDS``. The process lives on, so the
+        pass for dead processes never finds them; they held their owner's slot, and a
+        Continue or regenerate below them, for ever."""
+        me = self.presence.worker_id
+        if me not in workers:
+            self.strays = set()
+            return []
+        generating = self.presence.listener.generating
+        strays = {key for key in await database.run(_streaming_here, me) if not generating(key[0])}
+        confirmed, self.strays = strays & self.strays, strays
+        if not confirmed:
+            return []
+        return await database.run(_orphans, [me], sorted(confirmed))
 
     async def reap_one(self, orphan: Orphan, ended_at: datetime) -> bool:
         """Finalise one orphan from the database's text and the log's tail, spliced by

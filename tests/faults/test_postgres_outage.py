@@ -257,3 +257,50 @@ async def test_a_final_record_whose_answer_never_came_still_ends_the_stream(
         persisted = stored.json()
         assert persisted["status"] == "complete", persisted["termination"]
         assert_exact(reader.events, persisted)
+
+
+async def test_an_answer_whose_post_failed_after_its_commit_is_ended(
+    postgres_proxy, daphne, account
+):
+    """A post's rows commit, but the answer to its ``COMMIT`` is lost: the post fails
+    (``503 unavailable``) and no generation starts, leaving an answer ``streaming`` in a
+    process that lives on, so the pass for dead processes never finds it. The reaper's
+    pass for this process's own segments ends it ``interrupted`` (two passes after),
+    which gives its owner's slot back: with one slot, the next post used to be a 429 for
+    ever."""
+    server = daphne(
+        DATABASE_URL=f"{through(postgres_proxy.port)}?connect_timeout=2",
+        DATABASE_POOL_TIMEOUT="2",
+        DATABASE_WAIT_TIMEOUT="2",
+        MAX_CONCURRENT_GENERATIONS_PER_USER="1",
+        STREAM_HEARTBEAT_TIMEOUT="1",
+    )
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        conversation = await create_conversation(client, account.token)
+        url = f"/api/conversations/{conversation}/messages/"
+        # The post's writes and its COMMIT go out together; nothing the server says after
+        # them arrives.
+        postgres_proxy.hold_replies(after=b'INSERT INTO "streaming_segment"')
+        try:
+            failed = await client.post(url, json={"content": "hi"}, headers=auth(account.token))
+            assert await asyncio.to_thread(postgres_proxy.given_up.wait, 60)
+        finally:
+            postgres_proxy.thaw()
+        assert failed.status_code == 503, failed.text
+        assert failed.json()["error"]["code"] == "unavailable"
+        listed = await client.get(url, headers=auth(account.token))
+        answers = [m for m in listed.json()["results"] if m["role"] == "assistant"]
+        assert [m["status"] for m in answers] == ["streaming"], "the rows committed"
+        async with asyncio.timeout(60):  # reaper passes every half second here
+            while True:
+                stray = await client.get(
+                    f"/api/messages/{answers[0]['id']}/", headers=auth(account.token)
+                )
+                if stray.json()["status"] != "streaming":
+                    break
+                await asyncio.sleep(0.2)
+        assert stray.json()["status"] == "interrupted", stray.json()
+        followed = await read_sse(client, account.token, answers[0]["id"])
+        assert followed.events[-1].event == "done"
+        again = await client.post(url, json={"content": "again"}, headers=auth(account.token))
+        assert again.status_code == 201, again.text

@@ -8,13 +8,14 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.test import override_settings
 
 from streaming import database, events, signals
 from streaming.control.memory import MemoryControl
+from streaming.generation import Generation
 from streaming.hub import Hub
 from streaming.models import Message, Segment
 from streaming.presence.base import Presence
@@ -238,17 +239,49 @@ async def test_without_a_log_what_was_flushed_is_kept() -> None:
     assert (done["seq"], done["type"]) == (8, events.DONE)
 
 
-async def test_this_process_segments_are_never_reaped(
+async def test_this_process_segments_are_reaped_only_when_no_generation_here_streams_them(
     interrupted: list[tuple[Any, str]],
 ) -> None:
+    """A segment this process streams is never reaped. One left streaming with no
+    generation here (its post failed after its rows committed, or its final record could
+    not be written) is, once two passes in a row found it so: the pass for dead
+    processes never would, and it held its owner's slot for ever."""
     reaper = reaper_of()
+    listener = reaper.presence.listener
+    assert isinstance(listener, Generations)
+    live = await create_answer(reaper.presence.worker_id)
+    stray = await create_answer(reaper.presence.worker_id)
+    await stream_of(reaper, live, "still going")
+    await stream_of(reaper, stray, "left ", "behind")
+    listener.running[live.message_id] = cast(Generation, object())  # streamed here
+    try:
+        assert await reaper.reap(confirm=False) == 0, "a first pass only takes note"
+        assert await reaper.reap() == 1
+        assert await reaper.reap() == 0
+    finally:
+        del listener.running[live.message_id]
+    assert (await load_message(live.message_id)).status == Status.STREAMING
+    assert texts(await reaper.log.read(live.message_id)) == ["still going"]
+    message = await load_message(stray.message_id)
+    assert (message.status, message.content) == (Status.INTERRUPTED, "left behind")
+    assert (await reaper.log.read(stray.message_id))[-1]["type"] == events.DONE
+    assert interrupted == [(Reaper, stray.message_id)]
+
+
+async def test_a_segment_registered_between_two_passes_is_not_reaped() -> None:
+    """A start is registered a turn of the loop after its rows commit: a pass between
+    the two finds it unregistered once, and the next finds it streamed here."""
+    reaper = reaper_of()
+    listener = reaper.presence.listener
+    assert isinstance(listener, Generations)
     answer = await create_answer(reaper.presence.worker_id)
-    await stream_of(reaper, answer, "still going")
-    assert await reaper.reap(confirm=False) == 0
     assert await reaper.reap() == 0
+    listener.running[answer.message_id] = cast(Generation, object())
+    try:
+        assert await reaper.reap() == 0
+    finally:
+        del listener.running[answer.message_id]
     assert (await load_message(answer.message_id)).status == Status.STREAMING
-    assert texts(await reaper.log.read(answer.message_id)) == ["still going"]
-    assert interrupted == []
 
 
 async def test_a_death_is_confirmed_for_a_heartbeat_timeout_first() -> None:
