@@ -23,10 +23,15 @@ from django.conf import settings
 from streaming import events
 from streaming.engines.base import ChatTurn
 from streaming.errors import InvalidParams, NotFound, ServiceError, error_body
+from streaming.params import TOOL_NAME
 from streaming.storable import UNSTORABLE, is_storable
 from streaming.termination import Status
 from streaming.transports import eventstream
 
+# A history's tool calls: how many one assistant message may carry, and how long an id
+# (a tool message's ``tool_call_id`` names one) may be.
+MAX_TOOL_CALLS = 128
+MAX_CALL_ID_CHARS = 200
 ROLES = {
     "system": "system",
     "developer": "system",
@@ -277,6 +282,8 @@ def parse_request(body: Any, served: set[str]) -> CompletionRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidParams("must be a non-empty string", field="model")
+    if not is_storable(model):
+        raise InvalidParams(UNSTORABLE, field="model")
     if model not in served:
         raise ModelNotFound(f"the model `{model}` does not exist", field="model")
     _check_keys(body)
@@ -327,7 +334,7 @@ def _turn(message: dict[str, Any], role: str, where: str) -> ChatTurn:
     content = _text(message.get("content"), f"{where}.content")
     if role == "tool":
         call_id = message.get("tool_call_id")
-        if not isinstance(call_id, str) or not call_id or len(call_id) > 200:
+        if not isinstance(call_id, str) or not call_id or len(call_id) > MAX_CALL_ID_CHARS:
             raise InvalidParams(
                 "must be the id of the call answered", field=f"{where}.tool_call_id"
             )
@@ -337,19 +344,35 @@ def _turn(message: dict[str, Any], role: str, where: str) -> ChatTurn:
     raw_calls = message.get("tool_calls")
     if role != "assistant" or raw_calls is None:
         return ChatTurn(role, content)
-    if not isinstance(raw_calls, list):
-        raise InvalidParams("must be a list of tool calls", field=f"{where}.tool_calls")
+    if not isinstance(raw_calls, list) or len(raw_calls) > MAX_TOOL_CALLS:
+        raise InvalidParams(
+            f"must be a list of at most {MAX_TOOL_CALLS} tool calls", field=f"{where}.tool_calls"
+        )
     calls = []
     for j, call in enumerate(raw_calls):
+        # Held to what the calls it stands for are: an id a tool message can answer, a
+        # function name a tool can have, arguments no longer than a message (each is
+        # stored and goes into every later prompt).
         at = f"{where}.tool_calls[{j}]"
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(call, dict) or not isinstance(call.get("id"), str) or not call["id"]:
             raise InvalidParams("must have an id", field=f"{at}.id")
+        if len(call["id"]) > MAX_CALL_ID_CHARS:
+            raise InvalidParams(f"is longer than {MAX_CALL_ID_CHARS} characters", field=f"{at}.id")
+        if call.get("type", "function") != "function":
+            raise InvalidParams('must be "function"', field=f"{at}.type")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise InvalidParams("must name the function", field=f"{at}.function.name")
+        if not TOOL_NAME.fullmatch(function["name"]):
+            raise InvalidParams("must be 1-64 of A-Z a-z 0-9 _ . -", field=f"{at}.function.name")
         arguments = function.get("arguments", "")
         if not isinstance(arguments, str):
             raise InvalidParams("must be a JSON string", field=f"{at}.function.arguments")
+        if len(arguments) > settings.MAX_MESSAGE_CHARS:
+            raise InvalidParams(
+                f"is longer than {settings.MAX_MESSAGE_CHARS} characters",
+                field=f"{at}.function.arguments",
+            )
         fields = (call["id"], function["name"], arguments)
         if not all(is_storable(value) for value in fields):
             raise InvalidParams(UNSTORABLE, field=at)

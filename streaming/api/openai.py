@@ -123,8 +123,11 @@ class OpenAIConsumer(TaskedHttpConsumer):
         document: dict[str, Any],
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        self.replied = True
+        # Encoded before it counts as replied: a document that cannot be encoded fails
+        # here, and the caller's 500 still goes out (a reply marked sent and never sent
+        # left the client waiting for ever).
         body = json.dumps(document, ensure_ascii=False).encode()
+        self.replied = True
         await self.send_response(status, body, headers=[JSON, *(headers or [])])
 
     async def refuse(

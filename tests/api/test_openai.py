@@ -231,6 +231,24 @@ def test_errors_are_openai_shaped_and_name_the_field(daphne, account):
             "messages[0].tool_calls[0].function.name",
         ),
     ]
+
+    def called(*calls: dict) -> dict:
+        asked = {"role": "assistant", "content": None, "tool_calls": list(calls)}
+        return {"messages": [asked, {"role": "user", "content": "x"}]}
+
+    def call(id: str = "c", name: str = "f", arguments: str = "{}", **more: str) -> dict:
+        return {"id": id, **more, "function": {"name": name, "arguments": arguments}}
+
+    # A history's calls are held to what the calls they stand for are.
+    at = "messages[0].tool_calls"
+    cases += [
+        (called(call(id="c" * 201)), f"{at}[0].id"),
+        (called(call(name="f" * 65)), f"{at}[0].function.name"),
+        (called(call(name="no spaces")), f"{at}[0].function.name"),
+        (called(call(arguments="x" * 32_001)), f"{at}[0].function.arguments"),
+        (called(call(type="custom")), f"{at}[0].type"),
+        (called(*[call(id=f"c{i}") for i in range(129)]), at),
+    ]
     for overrides, param in cases:
         arguments = {"model": "simulated", "messages": [{"role": "user", "content": "hi"}]}
         arguments.update(overrides)

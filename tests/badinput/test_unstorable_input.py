@@ -78,6 +78,13 @@ def test_openai_refuses_unstorable_content_and_odd_roles_and_keeps_nothing(daphn
         response = api.post("/v1/chat/completions", content=keyed, headers=bearer)
         assert response.status_code == 400, response.text
         assert response.json()["error"]["code"] == "invalid_body"
+        # A model name no encoder can write back: the reply naming it was never sent, and
+        # the client waited for ever.
+        for model in ("gpt\ud800", "simulated\udfff"):
+            body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+            response = api.post("/v1/chat/completions", content=body, headers=bearer)
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["param"] == "model"
         assert api.get("/api/conversations/").json()["count"] == before
 
 
