@@ -24,10 +24,14 @@ from streaming import database, tokens
 
 
 def header(scope: dict[str, Any], name: bytes) -> str | None:
-    for key, value in scope.get("headers", []):
-        if key == name:
-            return value.decode("latin-1")
-    return None
+    """The value of the request header ``name`` (lower case) as Django reads it: a header
+    sent more than once is its values joined by commas (RFC 9110, section 5.3). Taking
+    the first made one request mean two things: two ``Authorization`` headers were a
+    401 on REST and the first header's user on the streams and ``/v1``."""
+    values = [value for key, value in scope.get("headers", ()) if key == name]
+    if not values:
+        return None
+    return b",".join(values).decode("latin-1")
 
 
 def token_from_header(value: str | None) -> str | None:

@@ -116,3 +116,8 @@ def test_one_authorization_header_means_the_same_everywhere(daphne, account):
         ) as caller:
             for path in ("/api/conversations/", f"/api/messages/{message}/stream/", "/v1/models"):
                 assert caller.get(path).status_code == expected, (header, path)
+    # Two headers are one, their values joined by a comma (as Django reads them): no token.
+    twice = [("Authorization", f"Token {account.token}")] * 2
+    with httpx.Client(base_url=server.url) as caller:
+        for path in ("/api/conversations/", f"/api/messages/{message}/stream/", "/v1/models"):
+            assert caller.get(path, headers=twice).status_code == refused, path
