@@ -211,6 +211,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 1024 * 1024)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "streaming.api.authentication.NoOtherScheme",
         "rest_framework.authentication.SessionAuthentication",
         "streaming.api.authentication.CachedTokenAuthentication",
     ],
@@ -233,6 +234,12 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     # A field that refuses "" says so (minLength 1), so the schema admits what is accepted.
     "ENFORCE_NON_BLANK_FIELDS": True,
+    # The schemes a caller can use; NoOtherScheme only refuses what is none of them.
+    "AUTHENTICATION_WHITELIST": [
+        "streaming.api.authentication.CachedTokenAuthentication",
+        "streaming.api.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
 }
 
 # --- streaming: one dict, documented key by key in docs/configuration.md -------------------

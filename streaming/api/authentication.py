@@ -14,10 +14,30 @@ from typing import Any
 
 from django.utils.translation import gettext_lazy as _
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.authentication import (
+    BaseAuthentication,
+    SessionAuthentication,
+    TokenAuthentication,
+)
 from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.request import Request
 
-from streaming.auth import token_user
+from streaming.auth import token_from_header, token_user
+
+
+class NoOtherScheme(BaseAuthentication):
+    """An ``Authorization`` header that is no token (another scheme, a third part, two
+    headers) is refused as a wrong token, as every other entry point refuses it; DRF's
+    token classes pass over a scheme not theirs, and the session behind them took the
+    request for the cookie's user."""
+
+    def authenticate(self, request: Request) -> None:
+        if token_from_header(request.META.get("HTTP_AUTHORIZATION")) == "":
+            raise AuthenticationFailed(_("Invalid token header."))
+        return None
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Token"
 
 
 class CachedTokenAuthentication(TokenAuthentication):
@@ -35,6 +55,7 @@ class BearerTokenAuthentication(CachedTokenAuthentication):
 
 
 AUTHENTICATION_CLASSES = [
+    NoOtherScheme,
     CachedTokenAuthentication,
     BearerTokenAuthentication,
     SessionAuthentication,

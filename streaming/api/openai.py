@@ -215,6 +215,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
         completion_id = f"chatcmpl-{message_id}"
         created = int(time.time())
         with stream_context(message_id):
+            chunks: ChunkStream | None = None
             try:
                 if request.stream:
                     chunks = ChunkStream(
@@ -226,18 +227,27 @@ class ChatCompletionsConsumer(OpenAIConsumer):
                         subscription, completion_id, request.model, created, ids
                     )
                 if not await streams.run(self.scope, user.pk, answering):
-                    await self.revoked()
+                    await self.revoked(chunks)
             finally:
                 if subscription.ended_status is None:
                     # Gone before the end (or never attached as a reader): nobody will read
                     # this answer, so stop paying for it.
                     await services.stop_answers([message_id], reason=Status.ABANDONED, wait=0)
 
-    async def revoked(self) -> None:
+    async def revoked(self, chunks: ChunkStream | None) -> None:
         """The caller's credentials were revoked while the answer was produced: a stream
-        is ended where it is (its client sees no ``[DONE]``), a whole answer not yet sent
-        is refused as the request would be now."""
+        is ended where it is, saying so in the stream as a slow client's is (an SDK
+        raises it; a stream that just ended read as the answer's end, its text cut
+        short), a whole answer not yet sent is refused as the request would be now."""
         if self.replied:
+            if chunks is not None and not chunks.finished:
+                closed = {
+                    "message": "the stream was closed: the credentials it was opened with "
+                    "were revoked",
+                    "type": "AuthenticationError",
+                    "code": "credentials_revoked",
+                }
+                await self.send_body(chunks.error(closed) + eventstream.DONE, more_body=True)
             await self.send_body(b"", more_body=False)
             return
         challenge = [(b"www-authenticate", b'Bearer realm="api"')]

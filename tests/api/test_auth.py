@@ -121,3 +121,30 @@ def test_one_authorization_header_means_the_same_everywhere(daphne, account):
     with httpx.Client(base_url=server.url) as caller:
         for path in ("/api/conversations/", f"/api/messages/{message}/stream/", "/v1/models"):
             assert caller.get(path, headers=twice).status_code == refused, path
+
+
+def test_a_header_of_another_scheme_is_never_taken_for_the_session(daphne, account):
+    """With the session cookie and an ``Authorization`` header that is no token (Basic,
+    Digest, anything), every entry point answers 401 as for a wrong token: the REST API
+    served the cookie's user, and a one-step post made an answer whose stream then found
+    no user and ended at once, leaving the answer to be abandoned."""
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+    csrf = get_random_string(32)
+    cookies = {"sessionid": _session_cookie(account), "csrftoken": csrf}
+    other = {"Authorization": "Basic YWxpY2U6c2VjcmV0", "X-CSRFToken": csrf}
+    url = f"/api/conversations/{conversation}/messages/"
+    with httpx.Client(base_url=server.url, cookies=cookies, timeout=30) as browser:
+        assert browser.get("/api/conversations/").status_code == 200, "the cookie alone works"
+        for response in (
+            browser.get("/api/conversations/", headers=other),
+            browser.post("/api/conversations/", json={}, headers=other),
+            browser.post(url, json={"content": "hi"}, headers=other),
+            browser.post(
+                url, json={"content": "hi"}, headers={**other, "Accept": "text/event-stream"}
+            ),
+        ):
+            assert_error(response, 401, "not_authenticated")
+        listed = browser.get(url)
+        assert listed.json()["count"] == 0, "nothing was made"
