@@ -16,6 +16,7 @@ from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework import generics, serializers, status
+from rest_framework.exceptions import ValidationError
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.renderers import JSONRenderer
@@ -24,7 +25,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from streaming import selectors, services
+from streaming import params, selectors, services
 from streaming.api.authentication import AUTHENTICATION_CLASSES
 from streaming.api.parsers import JSONBodyParser, PayloadTooLarge
 from streaming.api.serializers import (
@@ -97,6 +98,9 @@ class JSONView(APIView):
     checked after authentication so anonymous callers learn nothing about the body rules."""
 
     authentication_classes = AUTHENTICATION_CLASSES
+    # False for a view whose unsafe methods take nothing: a key sent to it is refused by
+    # name, as a key no field takes is elsewhere, not ignored.
+    takes_body = True
     parser_classes = [JSONBodyParser]
     renderer_classes = [JSONRenderer]
     content_negotiation_class = JSONOnly
@@ -119,7 +123,11 @@ class JSONView(APIView):
         if limit and declared_length(request.META) > limit:
             raise PayloadTooLarge(too_large_detail(limit))
         if request.method not in SAFE_METHODS:
-            request.data  # noqa: B018 - parse now: a bad body is a 400 whatever the view
+            data = request.data  # parse now: a bad body is a 400 whatever the view
+            if not self.takes_body and data:
+                field = sorted(data)[0] if isinstance(data, dict) else "body"
+                message = "takes no body" if field == "body" else params.unknown_field(field)
+                raise ValidationError({field: [message]})
 
 
 class SchemaView(SpectacularAPIView):
@@ -316,6 +324,8 @@ class MessageDetail(JSONView):
 
 
 class MessageCancel(JSONView):
+    takes_body = False
+
     @extend_schema(
         request=None,
         responses={
@@ -331,6 +341,8 @@ class MessageCancel(JSONView):
 
 
 class MessageContinue(JSONView):
+    takes_body = False
+
     @extend_schema(
         request=None,
         responses={

@@ -123,7 +123,13 @@ def test_stream_cancel_and_continue(daphne, account):
             assert stream.status_code == 200
             assert stream.headers["content-type"].startswith("text/event-stream")
 
-        cancelled = api.post(f"/api/messages/{message['id']}/cancel/")
+        # Both take nothing: a key sent is refused by name, not ignored; {} is nothing.
+        for action in ("cancel", "continue"):
+            url = f"/api/messages/{message['id']}/{action}/"
+            assert_error(api.post(url, json={"reason": "x"}), 400, "invalid", "reason")
+            assert_error(api.post(url, json=[1]), 400, "invalid", "body")
+        assert api.get(f"/api/messages/{message['id']}/").json()["status"] == "streaming"
+        cancelled = api.post(f"/api/messages/{message['id']}/cancel/", json={})
         assert cancelled.status_code == 200, cancelled.text
         assert cancelled.json()["status"] == "cancelled"
         assert cancelled.json()["termination"]["status"] == "cancelled"
