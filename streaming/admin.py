@@ -125,6 +125,19 @@ class StorableLookups:
         return super().get_changelist_instance(request)  # type: ignore[misc]
 
 
+class MessagesGoWithTheirOwner:
+    """Deleting what holds messages (a conversation, a user) deletes them with it: Django
+    asks for the permission to delete each related model too, and no one has it for
+    messages (one is never deleted alone), so no conversation with messages and no user
+    with conversations could be deleted here. The owner's own permission is the one asked."""
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        deleted, counts, needed, protected = super().get_deleted_objects(  # type: ignore[misc]
+            objs, request
+        )
+        return deleted, counts, needed - {Message._meta.verbose_name}, protected
+
+
 class ReadOnlyInline:
     extra = 0
     max_num: int | None = 0
@@ -183,7 +196,7 @@ class ConversationForm(forms.ModelForm):
 
 
 @admin.register(Conversation)
-class ConversationAdmin(StorableLookups, admin.ModelAdmin):
+class ConversationAdmin(StorableLookups, MessagesGoWithTheirOwner, admin.ModelAdmin):
     form = ConversationForm
     list_display = ["__str__", "owner", "message_count", "last_status", "updated_at"]
     list_filter = [LastStatusFilter, "updated_at", "created_at"]
@@ -195,6 +208,18 @@ class ConversationAdmin(StorableLookups, admin.ModelAdmin):
     ]  # fmt: skip
     readonly_fields = ["owner", "title_source", "models", "branches", "created_at", "updated_at"]
     inlines = [MessageInline]
+
+    # What shows or finds messages' text is for those who may view messages (the inline
+    # of messages already is: Django asks the message's permission for it).
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)
+        return fields if _views_messages(request) else [f for f in fields if f != "branches"]
+
+    def get_search_fields(self, request: HttpRequest) -> Any:
+        fields = super().get_search_fields(request)
+        if _views_messages(request):
+            return fields
+        return [f for f in fields if not f.startswith("messages__")]
 
     @admin.display(description="messages as a tree (▶ the branch shown)")
     def branches(self, conversation: Conversation) -> SafeString:
@@ -368,14 +393,36 @@ class InFlightAdmin(StorableLookups, StopPermission, admin.ModelAdmin):
         return super().changelist_view(request, context)
 
 
-def _with_storable_lookups(model: type[Any], model_admin: type[admin.ModelAdmin[Any]]) -> None:
+def _views_messages(request: HttpRequest) -> bool:
+    return request.user.has_perm("streaming.view_message")
+
+
+class ConversationsGoFirst(MessagesGoWithTheirOwner):
+    """Users are deleted as their conversations are, through the service: their answers
+    stopped and their logs dropped first (a cascade from the user left answers generating
+    into deleted rows and their logs in Redis)."""
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        services.delete_conversations(Conversation.objects.filter(owner=obj))
+        super().delete_model(request, obj)  # type: ignore[misc]
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        services.delete_conversations(Conversation.objects.filter(owner__in=queryset))
+        super().delete_queryset(request, queryset)  # type: ignore[misc]
+
+
+def _with_storable_lookups(
+    model: type[Any], model_admin: type[admin.ModelAdmin[Any]], *mixins: type
+) -> None:
     """Django's and DRF's own lists (users, groups, tokens) refuse a lookup text cannot
     hold as this app's do (``?username=%00`` was a 500): registered again with
-    ``StorableLookups`` in front of their admin class, which is otherwise unchanged."""
+    ``StorableLookups`` (and ``mixins``) in front of their admin class, which is
+    otherwise unchanged."""
     admin.site.unregister(model)
-    admin.site.register(model, type(model_admin.__name__, (StorableLookups, model_admin), {}))
+    bases = (StorableLookups, *mixins, model_admin)
+    admin.site.register(model, type(model_admin.__name__, bases, {}))
 
 
-_with_storable_lookups(User, UserAdmin)
+_with_storable_lookups(User, UserAdmin, ConversationsGoFirst)
 _with_storable_lookups(Group, GroupAdmin)
 _with_storable_lookups(TokenProxy, TokenAdmin)

@@ -69,8 +69,11 @@ def call(fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwa
 
     This thread's database connection goes back to the pool first: the service's own
     database calls run in other threads and need connections too, so request threads
-    holding theirs while they wait would exhaust the pool under concurrent requests."""
-    connections.close_all()
+    holding theirs while they wait would exhaust the pool under concurrent requests.
+    Not inside a transaction (the admin's delete view runs in one): closing its
+    connection rolled it back, and the delete it was making answered done and undone."""
+    if not any(c.in_atomic_block for c in connections.all(initialized_only=True)):
+        connections.close_all()
     return get_runtime().call(fn(*args, **kwargs))
 
 

@@ -196,6 +196,54 @@ def test_the_admin_is_for_staff_only(account, other_account):
         assert "/admin/login/" in response["Location"]
 
 
+def test_messages_text_is_for_those_who_may_view_messages(account, make_account):
+    """Staff allowed to view conversations but not messages see neither the messages'
+    excerpts in the tree nor find conversations by their text (the list of messages and
+    the inline of them were already closed to them)."""
+    from django.contrib.auth.models import Permission
+
+    conversation = _conversation(account.user, "private", "complete", "hunter2 answer")
+    viewer = make_account("viewer", staff=True).user
+    viewer.is_superuser = False
+    viewer.save()
+    viewer.user_permissions.add(Permission.objects.get(codename="view_conversation"))
+    browser = Client()
+    browser.force_login(viewer)
+    change = f"/admin/streaming/conversation/{conversation.pk}/change/"
+    page = browser.get(change)
+    assert page.status_code == 200
+    assert b"question private" not in page.content and b"hunter2" not in page.content
+    assert b"private" in page.content, "the conversation itself is shown"
+    found = browser.get("/admin/streaming/conversation/?q=hunter2")
+    assert b"0 results" in found.content and change.encode() not in found.content
+    viewer.user_permissions.add(Permission.objects.get(codename="view_message"))
+    browser.force_login(viewer)
+    assert b"question private" in browser.get(change).content
+    found = browser.get("/admin/streaming/conversation/?q=hunter2")
+    assert change.encode() in found.content
+
+
+def test_a_conversation_and_a_user_with_messages_can_be_deleted(staff, account, make_account):
+    """Messages go with their conversation and conversations with their owner: a delete
+    asks for the conversation's (or user's) permission, not the message's, which no one
+    has. Both were refused, even to a superuser."""
+    from django.contrib.auth.models import User
+
+    conversation = _conversation(account.user, "to delete", "complete", "text")
+    url = f"/admin/streaming/conversation/{conversation.pk}/delete/"
+    assert b"Cannot delete" not in staff.get(url).content
+    assert staff.post(url, {"post": "yes"}).status_code == 302
+    assert not Conversation.objects.filter(pk=conversation.pk).exists()
+    owner = make_account("leaving").user
+    _conversation(owner, "theirs", "complete", "text")
+    url = f"/admin/auth/user/{owner.pk}/delete/"
+    assert b"Cannot delete" not in staff.get(url).content
+    assert staff.post(url, {"post": "yes"}).status_code == 302
+    assert not User.objects.filter(pk=owner.pk).exists()
+    assert not Conversation.objects.filter(owner_id=owner.pk).exists()
+    assert Message.objects.filter(conversation__owner=account.user).count() == 0
+
+
 @pytest.mark.redis
 @pytest.mark.skipif(not REDIS_URL, reason="the Stop crosses processes over the Redis layer")
 def test_stop_action_cancels_a_generation_running_in_another_process(daphne, account, staff):
