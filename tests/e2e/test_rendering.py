@@ -53,6 +53,14 @@ HOSTILE_MARKDOWN = "\n\n".join(
         '<a href="https://evil.example/">html link</a> [mail](mailto:someone@example.com)',
         "[![badge](https://ci.example/badge.svg)](https://ci.example/runs)",
         "$\\rule{300em}{0.2em}$",  # a rule wider than pages
+        # Another host named in a link's text however it is written: bold, code, in a
+        # sentence, with look-alike dots, reversed by a direction control.
+        "[**https://bank.example.com/a**](https://evil.example/a) "
+        "[`https://bank.example.com/b`](https://evil.example/b) "
+        "[Go to https://bank.example.com/c now](https://evil.example/c) "
+        "[https://bank\u2024example\u2024com](https://evil.example/d) "
+        "[\u202emoc.elpmaxe.knab//:sptth](https://evil.example/e)",
+        "[the docs](https://docs.example.org/x) [docs.example.org/y](https://docs.example.org/y)",
     ]
 )
 # Math that moves a box out of its answer, onto the page beside it (a negative kern: no
@@ -84,6 +92,11 @@ def test_markdown_that_tries_to_make_html_is_defused(open_chat):
     deceptive = content.get_by_role("link", name="https://bank.example.com/login")
     expect(deceptive).to_have_attribute("href", "https://evil.example/login")
     expect(deceptive.locator("xpath=following-sibling::*[1]")).to_have_text(" (evil.example)")
+    for tail in "abcde":
+        link = content.locator(f'a[href="https://evil.example/{tail}"]')
+        expect(link.locator("xpath=following-sibling::*[1]")).to_have_text(" (evil.example)")
+    # A link's own host, named or not, adds nothing.
+    expect(content.locator(".link-host")).to_have_count(6)
     expect(content.get_by_role("link", name="mail")).to_have_attribute(
         "href", "mailto:someone@example.com"
     )

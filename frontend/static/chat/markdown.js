@@ -6,8 +6,9 @@
 // Model output never becomes live HTML. Markup in an answer is escaped by the renderer
 // (`<b>` shows as those characters); what marked, highlight.js and KaTeX produce from the
 // markdown goes through DOMPurify, which hands back nodes (no innerHTML here). Links are
-// http(s) or mailto only, open in a new tab without a referrer, and a link whose text is
-// a URL naming another host shows the host it really goes to. Images are never loaded:
+// http(s) or mailto only, open in a new tab without a referrer, and a link whose visible
+// text names another host anywhere in it (or hides characters) shows the host it really
+// goes to. Images are never loaded:
 // they show as links to the image.
 //
 // Rendering is incremental: every block before the last is complete once a later block
@@ -44,15 +45,41 @@ function safeUrl(href) {
   }
 }
 
-/** The host a link's text claims (its text reads as a URL or a domain), or null. */
-function claimedHost(text) {
-  const shown = text.trim();
-  if (!/^(https?:\/\/)?[^\s/@]+\.[a-z]{2,}(?::\d+)?([/?#]\S*)?$/i.test(shown)) return null;
-  try {
-    return new URL(/^https?:\/\//i.test(shown) ? shown : `https://${shown}`).hostname;
-  } catch {
-    return null;
+/** The text a reader sees of inline tokens (a link's text): every text, code span and
+ * emphasis inside it, but not markup written as HTML, which shows as text only once
+ * escaped. */
+function seenText(tokens) {
+  let text = "";
+  for (const token of tokens || []) {
+    if (token.tokens) text += seenText(token.tokens);
+    else if (token.type !== "html" && typeof token.text === "string") text += token.text;
   }
+  return text;
+}
+
+// Characters that hide or reorder text without being seen (zero-width, direction
+// controls: U+202E shows "moc.elpmaxe" as "example.com"), and dots that are not "." but
+// look it (or are read as it in a host: IDNA's ideographic and fullwidth stops).
+const HIDDEN = /[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]/u;
+const LOOKALIKE_DOTS = /[\u2024\u3002\uff0e\uff61\u00b7\u2027\u30fb]/gu;
+const HOST_LIKE = /(?:^|[^\p{L}\p{N}@.-])((?:[\p{L}\p{N}](?:[\p{L}\p{N}-]*[\p{L}\p{N}])?\.)+\p{L}{2,})(?![\p{L}\p{N}-])/gu;
+
+/** Whether a link's visible text could make a reader think it goes elsewhere than
+ * ``url``: it names another host anywhere in it (as a URL, a domain, in a sentence, in
+ * bold or code, with look-alike dots), or hides or reorders characters. */
+function misleads(text, url) {
+  if (HIDDEN.test(text)) return true;
+  const shown = text.normalize("NFKC").replace(LOOKALIKE_DOTS, ".");
+  for (const match of shown.matchAll(HOST_LIKE)) {
+    let claimed;
+    try {
+      claimed = new URL(`https://${match[1]}`).hostname;
+    } catch {
+      continue;
+    }
+    if (!sameHost(claimed, url.hostname)) return true;
+  }
+  return false;
 }
 
 function sameHost(a, b) {
@@ -107,11 +134,9 @@ const renderer = {
     } finally {
       linkDepth -= 1;
     }
-    const claimed = claimedHost(token.text);
-    const note =
-      claimed && !sameHost(claimed, url.hostname)
-        ? `<span class="link-host"> (${escapeHtml(url.hostname)})</span>`
-        : "";
+    const note = misleads(seenText(token.tokens), url)
+      ? `<span class="link-host"> (${escapeHtml(url.hostname || url.href)})</span>`
+      : "";
     return `<a href="${escapeHtml(url.href)}" title="${escapeHtml(url.href)}">${inner}</a>${note}`;
   },
   image(token) {
