@@ -288,3 +288,25 @@ def test_a_draining_server_is_shown_as_restarting_not_unreachable(open_chat, dap
     page.evaluate("window.dispatchEvent(new Event('online'))")  # the page checks at once
     expect(page.locator("#composer-reason")).to_contain_text("the server is restarting")
     expect(page.get_by_role("button", name="Send")).to_be_disabled()
+
+
+def test_an_input_methods_enter_picks_its_word_and_does_not_save_the_rename(open_chat):
+    """Japanese or Chinese is typed through an input method: Enter picks the word being
+    composed, and only the Enter after it saves (it saved the unpicked reading)."""
+    chat = open_chat()
+    page = chat.page
+    chat.ask("a question", text="one", tokens_per_second=200)
+    expect(page.locator("article.assistant").last).to_have_attribute("data-status", "complete")
+    page.get_by_role("button", name="Actions for a question").click()
+    page.get_by_role("menuitem", name="Rename").click()
+    field = page.get_by_label("Conversation title")
+    field.fill("")
+    ime = chat.context.new_cdp_session(page)
+    ime.send("Input.imeSetComposition", {"text": "にほん", "selectionStart": 3, "selectionEnd": 3})
+    # Enter while composing (Chromium marks it so: isComposing, keyCode 229).
+    page.keyboard.press("Enter")
+    expect(field).to_be_visible()
+    ime.send("Input.insertText", {"text": "日本"})  # the word picked ends the composition
+    expect(field).to_have_value("日本")
+    field.press("Enter")
+    expect(page.locator("#conversation-list .open")).to_have_text(["日本"])

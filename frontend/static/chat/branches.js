@@ -48,6 +48,7 @@ function startEditing(node, message, edit) {
     else save.disabled = false;
   });
   field.addEventListener("keydown", (e) => {
+    if (e.isComposing || e.keyCode === 229) return; // an input method's Esc: its own
     if (e.key === "Escape") {
       e.stopPropagation(); // this field's: not the page's Esc, which stops the answer
       stopEditing();

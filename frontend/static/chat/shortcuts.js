@@ -34,7 +34,12 @@ export function installShortcuts(popover, actions, composer) {
     } else if (e.key === "Escape" && e.shiftKey) {
       e.preventDefault();
       actions.focusComposer();
-    } else if (e.key === "Escape" && !e.defaultPrevented && !document.querySelector("dialog[open]")) {
+    } else if (
+      e.key === "Escape" &&
+      !e.isComposing && // an input method's Esc cancels its word, not the answer
+      !e.defaultPrevented &&
+      !document.querySelector("dialog[open]")
+    ) {
       if (document.querySelector(":popover-open")) return; // Esc closes a popover first
       if (inOtherField(e.target, composer)) return;
       if (actions.stop()) e.preventDefault();

@@ -236,6 +236,8 @@ export class Sidebar {
       }
     };
     input.addEventListener("keydown", (e) => {
+      // Enter that picks an input method's word (Japanese, Chinese) is not Save.
+      if (e.isComposing || e.keyCode === 229) return;
       if (e.key === "Enter") {
         e.preventDefault();
         finish(true);
