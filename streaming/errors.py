@@ -124,6 +124,11 @@ class InvalidCursor(ServiceError):
     code = "invalid_cursor"
 
 
+def too_long(limit: int, text: str) -> str:
+    """What a text over its limit is told, after its field's name, on every entry point."""
+    return f"is longer than {limit} characters (it has {len(text)})"
+
+
 def error_fields(status: int, code: str, message: str, field: str | None = None) -> dict[str, Any]:
     """The error object. A validation error's message names its field first
     ("params.max_tokens: must be between 1 and 4096"), as OpenAI's errors do: many clients

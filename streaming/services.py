@@ -35,6 +35,7 @@ from streaming.errors import (
     StopUnconfirmed,
     TooManyGenerations,
     WrongRole,
+    too_long,
 )
 from streaming.generation import Generation, SegmentPlan
 from streaming.models import Conversation, Message, Segment
@@ -544,9 +545,7 @@ def _validate_content(content: Any, *, tool_result: bool = False) -> str:
         wanted = "a string" if tool_result else "a non-empty string"
         raise InvalidParams(f"must be {wanted}", field="content")
     if len(content) > settings.MAX_MESSAGE_CHARS:
-        raise InvalidParams(
-            f"is longer than {settings.MAX_MESSAGE_CHARS} characters", field="content"
-        )
+        raise InvalidParams(too_long(settings.MAX_MESSAGE_CHARS, content), field="content")
     if not is_storable(content):
         raise InvalidParams(UNSTORABLE, field="content")
     return content

@@ -22,7 +22,7 @@ from django.conf import settings
 
 from streaming import events
 from streaming.engines.base import ChatTurn
-from streaming.errors import InvalidParams, NotFound, ServiceError, error_body
+from streaming.errors import InvalidParams, NotFound, ServiceError, error_body, too_long
 from streaming.params import TOOL_NAME
 from streaming.storable import UNSTORABLE, is_storable
 from streaming.termination import Status
@@ -177,7 +177,7 @@ def _text(content: Any, where: str) -> str:
     prompt of it, whichever turn it is."""
     text = _joined(content, where)
     if len(text) > settings.MAX_MESSAGE_CHARS:
-        raise InvalidParams(f"is longer than {settings.MAX_MESSAGE_CHARS} characters", field=where)
+        raise InvalidParams(too_long(settings.MAX_MESSAGE_CHARS, text), field=where)
     if not is_storable(text):
         raise InvalidParams(UNSTORABLE, field=where)
     return text
@@ -358,7 +358,7 @@ def _turn(message: dict[str, Any], role: str, where: str) -> ChatTurn:
         if not isinstance(call, dict) or not isinstance(call.get("id"), str) or not call["id"]:
             raise InvalidParams("must have an id", field=f"{at}.id")
         if len(call["id"]) > MAX_CALL_ID_CHARS:
-            raise InvalidParams(f"is longer than {MAX_CALL_ID_CHARS} characters", field=f"{at}.id")
+            raise InvalidParams(too_long(MAX_CALL_ID_CHARS, call["id"]), field=f"{at}.id")
         if call.get("type", "function") != "function":
             raise InvalidParams('must be "function"', field=f"{at}.type")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
@@ -370,7 +370,7 @@ def _turn(message: dict[str, Any], role: str, where: str) -> ChatTurn:
             raise InvalidParams("must be a JSON string", field=f"{at}.function.arguments")
         if len(arguments) > settings.MAX_MESSAGE_CHARS:
             raise InvalidParams(
-                f"is longer than {settings.MAX_MESSAGE_CHARS} characters",
+                too_long(settings.MAX_MESSAGE_CHARS, arguments),
                 field=f"{at}.function.arguments",
             )
         fields = (call["id"], function["name"], arguments)

@@ -23,16 +23,21 @@ from rest_framework import serializers
 
 from streaming import params, representation
 from streaming.branches import Tree, sibling_ids
+from streaming.errors import too_long
 from streaming.models import Conversation, Message, Segment
 from streaming.termination import Status
 
 
 class TextField(serializers.CharField):
-    """A string, not anything that can be turned into one (``42`` is not a message)."""
+    """A string, not anything that can be turned into one (``42`` is not a message); one
+    too long is told so as every entry point tells it, with its length ("is longer than
+    32000 characters (it has 40000)"), not DRF's "Ensure this field has no more than"."""
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
+        if self.max_length is not None and len(data) > self.max_length:
+            raise serializers.ValidationError(too_long(self.max_length, data), code="max_length")
         return super().to_internal_value(data)
 
 

@@ -243,3 +243,31 @@ def test_a_regenerate_and_an_edit_whose_answers_were_lost_make_one_version_each(
     conversation = page.url.rsplit("/", 1)[-1]
     tree = chat.api_get(f"/api/conversations/{conversation}/messages/?tree=true")
     assert tree["count"] == 5  # the question, two answers, the edit and its answer
+
+
+def test_a_conversation_deleted_in_another_tab_while_it_streams_leaves_quietly(
+    open_chat,
+) -> None:
+    """The second tab follows an answer that the first tab deletes with its conversation:
+    it leaves for a new conversation without an error banner (it said "Not found." when
+    an event of the answer's end made it fetch the deleted conversation)."""
+    chat = open_chat()
+    slow = {"length": 400, "ttft_ms": 0, "tokens_per_second": 20}
+    answer = chat.ask("A long one, please", **slow)
+    expect(answer).to_have_attribute("data-status", "streaming")
+    match = re.search(r"#/c/([0-9a-f-]+)", chat.page.url)
+    assert match, chat.page.url
+    other = ChatPage(chat.context, chat.base_url, chat.api_url, chat.token)
+    other.page.goto(f"{chat.base_url}/#/c/{match.group(1)}")
+    other.wait_ready()
+    followed = other.page.locator("article.message.assistant")
+    expect(followed).to_have_attribute("data-status", "streaming")
+    page = chat.page
+    page.get_by_role("button", name="Actions for A long one, please").click()
+    page.get_by_role("menuitem", name="Delete").click()
+    page.get_by_role("dialog", name="Delete").get_by_role("button", name="Delete").click()
+    expect(other.page).not_to_have_url(re.compile(r"#/c/"))
+    expect(other.page.locator("#log article")).to_have_count(0)
+    expect(other.page.locator("#conversation-list .open")).to_have_count(0)
+    expect(other.page.locator("#notice")).to_be_hidden()
+    assert other.errors == []

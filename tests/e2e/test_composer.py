@@ -272,3 +272,30 @@ def test_sending_again_after_the_retries_gave_up_makes_no_second_message(open_ch
     expect(chat.content(answers.nth(1))).to_have_text("two")
     expect(page.locator("article.message.user")).to_have_count(2)
     assert _messages_of(chat, conversation) == 4
+
+
+def test_a_proxys_error_pages_and_a_server_failure_are_told_in_words(open_chat):
+    """A proxy's 502 on every try reads as the server being unreachable, as the docs
+    say (it said "Request failed (502)."), and a 500 says the server failed, keeping
+    the text; a message over the limit says by how much."""
+    chat = open_chat()
+    page = chat.page
+    box = page.get_by_label("Message", exact=True)
+    notice = page.locator("#notice")
+    for status, said in (
+        (502, "The server could not be reached"),
+        (500, "The server failed to handle this (500)"),
+    ):
+
+        def failing(route, status=status):
+            route.fulfill(status=status, body="<html>error</html>", content_type="text/html")
+
+        page.route("**/api/messages/", lambda route: failing(route))
+        box.fill(f"to a {status}")
+        box.press("Enter")
+        expect(notice).to_contain_text(said)
+        expect(box).to_have_value(f"to a {status}")
+        page.unroute("**/api/messages/")
+    box.fill("x" * 32_001)
+    box.press("Enter")
+    expect(notice).to_contain_text("The message is longer than 32000 characters (it has 32001).")

@@ -458,3 +458,20 @@ def test_a_code_blocks_header_stays_in_view_while_its_code_scrolls(open_chat, vi
     past = block.evaluate(SCROLL_CODE_BLOCK, height - 10)
     assert past["head"]["bottom"] <= past["block"]["bottom"] + 1, past
     assert chat.errors == []
+
+
+def test_deep_nesting_stays_inside_the_answer(open_chat):
+    """Sixty levels of quotes and forty of lists: past six levels they stop indenting, so
+    the deepest text is shown inside the answer (it was pushed past its edge, clipped)."""
+    chat = open_chat()
+    quotes = ">" * 60 + " deepest quote"
+    lists = "\n".join("  " * level + f"- level {level}" for level in range(40))
+    answer = chat.ask("nest", text=f"{quotes}\n\n{lists}", tokens_per_second=400)
+    expect(answer).to_have_attribute("data-status", "complete")
+    content = chat.content(answer)
+    edge = content.bounding_box()
+    assert edge is not None
+    for text in ("deepest quote", "level 39"):
+        shown = content.get_by_text(text, exact=True).bounding_box()
+        assert shown is not None and shown["width"] > 0, text
+        assert shown["x"] + shown["width"] <= edge["x"] + edge["width"], (text, shown, edge)

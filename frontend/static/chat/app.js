@@ -7,7 +7,7 @@ import { decorate } from "./branches.js";
 import { AssistantBubble, userBubble } from "./bubble.js";
 import { Drafts } from "./drafts.js";
 import { emptyState } from "./empty.js";
-import { describe } from "./errors.js";
+import { describe, unreachable } from "./errors.js";
 import { followFeed } from "./feed.js";
 import { Notice } from "./notice.js";
 import { SendButton } from "./sendbutton.js";
@@ -77,7 +77,7 @@ function showNotice(text) {
 }
 
 function showError(error) {
-  notices.show(describe(error), { unreachable: !(error instanceof ApiError) });
+  notices.show(describe(error), { unreachable: unreachable(error) });
 }
 
 // --- sidebar ---------------------------------------------------------------------------
@@ -137,8 +137,18 @@ async function conversationChanged(id) {
     sidebar.select(state.conversationId);
     showTitle();
   } catch (error) {
+    if (error.status === 404) {
+      // Deleted since (in another tab): as its deletion's own event does, not an error.
+      conversationGone(id);
+      return;
+    }
     showError(error);
   }
+}
+
+function conversationGone(id) {
+  sidebar.forget(id);
+  if (id === state.conversationId) location.hash = "";
 }
 
 function showTitle(conversation = sidebar.find(state.conversationId)) {
@@ -496,8 +506,7 @@ followFeed({
   event: (frame) => {
     const open = frame.conversation === state.conversationId;
     if (frame.event === "conversation.deleted") {
-      sidebar.forget(frame.conversation);
-      if (open) location.hash = "";
+      conversationGone(frame.conversation);
       return;
     }
     if (frame.event === "conversation.created" || frame.event === "conversation.updated") {

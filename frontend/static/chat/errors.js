@@ -22,10 +22,22 @@ function sentence(text) {
   return /[.!?…]$/.test(text) ? text : `${text}.`;
 }
 
+const UNREACHABLE =
+  "The server could not be reached. This message goes away by itself once it is back.";
+// What a proxy in front of the server answers when the server is down or slow.
+const GATEWAY = [502, 503, 504];
+
+/** Whether `error` says the server could not be reached: no answer at all, or a proxy's
+ * 502/503/504 page (a body that is not the server's own error). */
+export function unreachable(error) {
+  return !(error instanceof ApiError) || (error.code === "error" && GATEWAY.includes(error.status));
+}
+
 /** What went wrong, for a banner. */
 export function describe(error) {
-  if (!(error instanceof ApiError)) {
-    return "The server could not be reached. This message goes away by itself once it is back.";
+  if (unreachable(error)) return UNREACHABLE;
+  if (error.status >= 500 && (error.code === "error" || error.code === "server_error")) {
+    return `The server failed to handle this (${error.status}). Try again in a moment; what you typed is kept.`;
   }
   if (!error.field) return sentence(error.message.charAt(0).toUpperCase() + error.message.slice(1));
   const prefix = `${error.field}: `;
