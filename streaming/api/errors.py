@@ -19,6 +19,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
+from streaming.api.completions import error_document
 from streaming.api.parsers import InvalidBodyError
 from streaming.errors import (
     AUTHENTICATE,
@@ -100,20 +101,29 @@ def _wants_json(request: HttpRequest) -> bool:
     return request.path.startswith(JSON_PREFIXES)
 
 
-def _json(status_code: int, message: str) -> JsonResponse:
-    return JsonResponse(error_body(status_code, CODES[status_code], message), status=status_code)
+def _json(request: HttpRequest, status_code: int, message: str) -> JsonResponse:
+    """The error object; under ``/v1/`` with OpenAI's ``type`` and ``param`` too, as
+    every answer of the OpenAI-compatible endpoint has them."""
+    code = CODES[status_code]
+    if request.path.startswith("/v1/"):
+        document = error_document(status_code, code, message)
+    else:
+        document = error_body(status_code, code, message)
+    return JsonResponse(document, status=status_code)
 
 
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     if _wants_json(request):
         # A Host not in ALLOWED_HOSTS is told as the streams and /v1 tell it.
-        return _json(400, REFUSED if isinstance(exception, DisallowedHost) else "bad request")
+        return _json(
+            request, 400, REFUSED if isinstance(exception, DisallowedHost) else "bad request"
+        )
     return defaults.bad_request(request, exception)
 
 
 def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
     if _wants_json(request):
-        return _json(403, "you may not do this")
+        return _json(request, 403, "you may not do this")
     return defaults.permission_denied(request, exception)
 
 
@@ -121,12 +131,12 @@ def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     if _wants_json(request):
         urlconf = getattr(request, "urlconf", None)
         if not request.path.endswith("/") and is_valid_path(f"{request.path_info}/", urlconf):
-            return _json(404, f"not found; the URL ends with a slash: {request.path}/")
-        return _json(404, "not found")
+            return _json(request, 404, f"not found; the URL ends with a slash: {request.path}/")
+        return _json(request, 404, "not found")
     return defaults.page_not_found(request, exception)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
     if _wants_json(request):
-        return _json(500, "internal server error")
+        return _json(request, 500, "internal server error")
     return defaults.server_error(request)

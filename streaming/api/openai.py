@@ -36,6 +36,7 @@ from streaming.api.completions import (
 from streaming.auth import authenticate, header
 from streaming.conf import streaming_settings
 from streaming.errors import NotFound, ServiceError, ShuttingDown, headers_of, unavailable
+from streaming.ids import spelled_as_paths_take
 from streaming.jsonbody import (
     InvalidBody,
     body_limit,
@@ -257,10 +258,14 @@ class ChatCompletionsConsumer(OpenAIConsumer):
         """Start the answer in the conversation named by ``X-Conversation-Id`` or in a new
         one, created with the answer (a refused call leaves nothing)."""
         conversation_id = header(self.scope, b"x-conversation-id")
+        if conversation_id is not None:
+            conversation_id = conversation_id.strip()
+            if not spelled_as_paths_take(conversation_id):  # names none, as on REST
+                raise NotFound("no conversation of yours has this id", field="X-Conversation-Id")
         try:
             return await services.post_message(
                 user,
-                None if conversation_id is None else conversation_id.strip(),
+                conversation_id,
                 request.content,
                 request.params,
                 prior=request.prior,

@@ -23,17 +23,15 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
 import time
 from typing import Any
-
-from django.urls.converters import UUIDConverter
 
 from streaming import events, selectors
 from streaming.auth import authenticate, user_for_token
 from streaming.conf import streaming_settings
 from streaming.errors import NotFound, ServiceError, describe, unavailable
 from streaming.feed import Listener
+from streaming.ids import spelled_as_paths_take
 from streaming.jsonbody import InvalidJSON, decode_json
 from streaming.logcontext import stream_context
 from streaming.params import unknown_field
@@ -65,7 +63,6 @@ MAX_REF_CHARS = 200
 # How long a shutdown waits for clients to answer the 1001 close before the server stops.
 GOING_AWAY_WAIT = 1.0
 # The spelling of an id the REST paths take: lowercase, with hyphens.
-_ID = re.compile(UUIDConverter.regex)
 
 
 class FrameError(Exception):
@@ -658,6 +655,6 @@ def _named(value: str, missing: str) -> str:
     """An id as the REST paths take it (``<uuid:...>``: lowercase, with hyphens), so that a
     frame and a path agree on what exists and subscriptions have one key per message;
     any other spelling names nothing."""
-    if _ID.fullmatch(value) is None:
+    if not spelled_as_paths_take(value):
         raise NotFound(missing)
     return value

@@ -183,6 +183,17 @@ def test_x_conversation_id_appends_to_the_callers_conversation(daphne, account, 
         )
     with client(server, other_account.token) as api:
         assert api.get("/api/conversations/").json()["count"] == 0
+    # Only the spelling the REST paths take names it, as on the WebSocket.
+    for spelling in (conversation.upper(), conversation.replace("-", ""), f"{{{conversation}}}"):
+        with pytest.raises(openai.NotFoundError) as elsewhere:
+            ai.chat.completions.create(
+                model="simulated",
+                messages=[{"role": "user", "content": "third"}],
+                extra_headers={"X-Conversation-Id": spelling},
+            )
+        assert elsewhere.value.body["param"] == "X-Conversation-Id"
+    with client(server, account.token) as api:
+        assert api.get(f"/api/conversations/{conversation}/messages/").json()["count"] == 4
 
 
 def test_errors_are_openai_shaped_and_name_the_field(daphne, account):
@@ -262,6 +273,10 @@ def test_errors_are_openai_shaped_and_name_the_field(daphne, account):
     with client(server, account.token) as api:
         assert api.get("/api/conversations/").json()["count"] == 0, "refused calls leave nothing"
         assert_error(api.get("/v1/chat/completions"), 405, "method_not_allowed")
+        # A URL no route takes, under /v1/, in the same shape as every /v1 answer.
+        for path in ("/v1/nope", "/v1/chat/completions/"):
+            error = assert_error(api.get(path), 404, "not_found")
+            assert (error["type"], error["param"]) == ("invalid_request_error", None), error
 
 
 def test_models_retrieve_and_default_valued_parameters(daphne, account):
