@@ -22,8 +22,9 @@ $(VENV)/.installed: $(VENV)/.runtime
 
 install: $(VENV)/.installed
 
+# A migration may rewrite a large table in one statement: no bound on its wait.
 migrate: $(VENV)/.runtime
-	$(BIN)/python manage.py migrate --noinput
+	DATABASE_WAIT_TIMEOUT=0 $(BIN)/python manage.py migrate --noinput
 
 run: migrate
 	$(BIN)/python manage.py collectstatic --noinput -v0

@@ -40,6 +40,7 @@ from streaming.engines.base import (
     ToolCallDelta,
 )
 from streaming.engines.catalog import Catalog
+from streaming.errors import unavailable
 from streaming.hub import Hub
 from streaming.logcontext import stream_context
 from streaming.outbox import Outbox
@@ -577,8 +578,12 @@ class Generation:
     async def _persist_final(
         self, content: str, reasoning: str, done_seq: int, termination: Termination
     ) -> bool:
-        """Write the final record, retrying while the database is unreachable (every try
-        the same write, named by its ``ended_at``: ``finalize_segment``)."""
+        """Write the final record (every try the same write, named by its ``ended_at``:
+        ``finalize_segment``). While the database cannot be reached it is tried for as long
+        as that lasts: a try may have committed unheard, and only a later try that reaches
+        the database can tell and end the log (given up, the answer's readers waited for
+        ever). One the database refuses is given up after ``PERSIST_RETRY_SECONDS``; the
+        reaper ends the answer then."""
         delay = 0.2
         deadline = time.monotonic() + streaming_settings.PERSIST_RETRY_SECONDS
         ended_at = timezone.now()
@@ -602,8 +607,9 @@ class Generation:
                 )
                 metrics.PERSIST_LATENCY.labels(kind="final").observe(time.monotonic() - started)
                 return owned
-            except Exception:
-                if time.monotonic() > deadline:
+            except Exception as exc:
+                away = unavailable(exc) is not None
+                if not away and time.monotonic() > deadline:
                     log.exception("could not persist the final record; the reaper will")
                     return False
                 log.warning("database unavailable for the final record; retrying")

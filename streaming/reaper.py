@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 
 from streaming import database, events, metrics, signals
@@ -29,6 +30,10 @@ from streaming.streamlog import StreamLog
 from streaming.termination import Status, Termination
 
 log = logging.getLogger(__name__)
+
+# How many of a database call's waits (DATABASE_WAIT_TIMEOUT) a start may take after its
+# rows are written: its own round trips after the insert, the commit's among them.
+STRAY_WAITS = 3
 
 
 @dataclass(slots=True)
@@ -59,9 +64,12 @@ def _streaming_workers() -> list[str]:
     )
 
 
-def _streaming_here(worker: str) -> list[tuple[str, int]]:
-    """The segments ``worker`` (this process) has streaming, by message and index."""
-    rows = Segment.objects.filter(status=Status.STREAMING, worker=worker).order_by()
+def _streaming_here(worker: str, started_before: datetime) -> list[tuple[str, int]]:
+    """The segments ``worker`` (this process) has streaming, by message and index, of
+    those started (their rows written) before ``started_before``."""
+    rows = Segment.objects.filter(
+        status=Status.STREAMING, worker=worker, started_at__lt=started_before
+    ).order_by()
     return [(str(m), i) for m, i in rows.values_list("message_id", "index")]
 
 
@@ -153,19 +161,26 @@ class Reaper:
         return reaped
 
     async def _strayed(self, workers: list[str]) -> list[Orphan]:
-        """This process's segments left streaming with no generation here, seen so on two
-        passes in a row (a start is registered within a turn of the loop after its rows
-        commit; two passes leave it a whole pass): an answer whose rows committed while
-        its post failed (the commit's answer lost, or given up on), or whose final record
-        could not be written for ``PERSIST_RETRY_SECONDS``. The process lives on, so the
-        pass for dead processes never finds them; they held their owner's slot, and a
-        Continue or regenerate below them, for ever."""
+        """This process's segments left streaming with no generation here: an answer whose
+        rows committed while its post failed (the commit's answer lost, or given up on),
+        or whose final record the database refused for ``PERSIST_RETRY_SECONDS``. The
+        process lives on, so the pass for dead processes never finds them; they held their
+        owner's slot, and a Continue or regenerate below them, for ever.
+
+        Its rows commit before its start is registered: other sessions see them at once,
+        the thread that wrote them only once it hears the commit's answer, which may take
+        up to ``DATABASE_WAIT_TIMEOUT`` for each of its round trips. So only segments
+        written longer ago than ``STRAY_WAITS`` such waits count (none without that
+        bound), and only when two passes in a row find them so."""
         me = self.presence.worker_id
-        if me not in workers:
+        wait = settings.DATABASE_WAIT_TIMEOUT
+        if me not in workers or not wait:
             self.strays = set()
             return []
+        before = timezone.now() - timedelta(seconds=STRAY_WAITS * wait)
         generating = self.presence.listener.generating
-        strays = {key for key in await database.run(_streaming_here, me) if not generating(key[0])}
+        here = await database.run(_streaming_here, me, before)
+        strays = {key for key in here if not generating(key[0])}
         confirmed, self.strays = strays & self.strays, strays
         if not confirmed:
             return []

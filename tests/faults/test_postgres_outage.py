@@ -214,7 +214,9 @@ async def test_a_final_record_whose_answer_never_came_still_ends_the_stream(
     segment final with its own record (``ended_at`` names the write), so it still ends the
     log with the segment's ``done``: the reader gets it, and what it got is what is stored.
     Before, the try counted the record as someone else's and nobody sent the ``done``: the
-    reader waited for ever."""
+    reader waited for ever. So it did when the database stayed silent for longer than the
+    final record is retried (``STREAM_PERSIST_RETRY_SECONDS``, shorter here than the wait
+    for the lost answer): while the database cannot be reached, tries go on."""
     from asgiref.sync import sync_to_async
 
     from streaming.models import Segment
@@ -224,6 +226,7 @@ async def test_a_final_record_whose_answer_never_came_still_ends_the_stream(
         DATABASE_URL=f"{through(postgres_proxy.port)}?connect_timeout=2",
         DATABASE_POOL_TIMEOUT="2",
         DATABASE_WAIT_TIMEOUT="2",
+        STREAM_PERSIST_RETRY_SECONDS="1",
     )
     tokens = 30
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
@@ -304,3 +307,48 @@ async def test_an_answer_whose_post_failed_after_its_commit_is_ended(
         assert followed.events[-1].event == "done"
         again = await client.post(url, json={"content": "again"}, headers=auth(account.token))
         assert again.status_code == 201, again.text
+
+
+async def test_a_post_waiting_on_a_lock_leaves_no_backend_behind(daphne, account):
+    """Another session holds the conversation's row lock for longer than a call may wait:
+    the post is a 503 to retry, and PostgreSQL itself stopped waiting for it (its
+    ``statement_timeout``, just under ``DATABASE_WAIT_TIMEOUT``). The server used to go
+    on waiting on the lock after the client gave up, one backend more for every try."""
+    import psycopg
+    from asgiref.sync import sync_to_async
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL (DATABASE_URL)")
+    server = daphne(DATABASE_WAIT_TIMEOUT="2")
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        conversation = await create_conversation(client, account.token)
+        url = f"/api/conversations/{conversation}/messages/"
+        holder = await psycopg.AsyncConnection.connect(database_url())
+        try:
+            await holder.execute(
+                "SELECT 1 FROM streaming_conversation WHERE id = %s FOR UPDATE", [conversation]
+            )
+            refused = [
+                await client.post(url, json={"content": "hi"}, headers=auth(account.token))
+                for _ in range(3)
+            ]
+
+            def waiting_on_locks() -> int:
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                        "current_database() AND wait_event_type = 'Lock'"
+                    )
+                    return cursor.fetchone()[0]
+
+            waiting = await sync_to_async(waiting_on_locks)()
+        finally:
+            await holder.rollback()
+            await holder.close()
+        for response in refused:
+            assert response.status_code == 503, response.text
+            assert response.json()["error"]["code"] == "unavailable"
+        assert waiting == 0, "no backend still waits on the lock for a call given up"
+        made = await client.post(url, json={"content": "hi"}, headers=auth(account.token))
+        assert made.status_code == 201, made.text

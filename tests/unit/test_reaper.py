@@ -239,6 +239,11 @@ async def test_without_a_log_what_was_flushed_is_kept() -> None:
     assert (done["seq"], done["type"]) == (8, events.DONE)
 
 
+# A database call's wait so short that a segment written by a test is old enough to count.
+QUICK_WAITS = override_settings(DATABASE_WAIT_TIMEOUT=1e-6)
+
+
+@QUICK_WAITS
 async def test_this_process_segments_are_reaped_only_when_no_generation_here_streams_them(
     interrupted: list[tuple[Any, str]],
 ) -> None:
@@ -268,6 +273,7 @@ async def test_this_process_segments_are_reaped_only_when_no_generation_here_str
     assert interrupted == [(Reaper, stray.message_id)]
 
 
+@QUICK_WAITS
 async def test_a_segment_registered_between_two_passes_is_not_reaped() -> None:
     """A start is registered a turn of the loop after its rows commit: a pass between
     the two finds it unregistered once, and the next finds it streamed here."""
@@ -281,6 +287,27 @@ async def test_a_segment_registered_between_two_passes_is_not_reaped() -> None:
         assert await reaper.reap() == 0
     finally:
         del listener.running[answer.message_id]
+    assert (await load_message(answer.message_id)).status == Status.STREAMING
+
+
+@override_settings(DATABASE_WAIT_TIMEOUT=30)
+async def test_a_segment_whose_start_may_still_be_heard_is_not_reaped() -> None:
+    """Its rows are visible once they commit, but the thread that wrote them registers
+    its start only when it hears the commit's answer, which may take a database call's
+    whole wait: a segment younger than that is left alone, however many passes find it."""
+    reaper = reaper_of()
+    answer = await create_answer(reaper.presence.worker_id)
+    for _ in range(3):
+        assert await reaper.reap() == 0
+    assert (await load_message(answer.message_id)).status == Status.STREAMING
+
+
+@override_settings(DATABASE_WAIT_TIMEOUT=0)
+async def test_without_a_bound_on_a_calls_wait_none_is_reaped_here() -> None:
+    reaper = reaper_of()
+    answer = await create_answer(reaper.presence.worker_id)
+    for _ in range(3):
+        assert await reaper.reap() == 0
     assert (await load_message(answer.message_id)).status == Status.STREAMING
 
 

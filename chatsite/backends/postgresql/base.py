@@ -67,6 +67,21 @@ class DatabaseWrapper(instrumented_base.DatabaseWrapper):
             pool.setdefault("connection_class", answered_within(settings.DATABASE_WAIT_TIMEOUT))
         super().__init__(settings_dict, *args, **kwargs)
 
+    def _configure_connection(self, connection: Any) -> bool:
+        """Django's, and the server's own bound on a statement just under the client's
+        (``statement_timeout``, nine tenths of ``DATABASE_WAIT_TIMEOUT``): a statement that
+        runs or waits on a lock that long is cancelled by the server, which answers the
+        call with an error on a connection still good. Without it, the client gave up
+        first and closed the connection while the server went on waiting on the lock, one
+        backend more for every try, past the pool's size."""
+        changed = bool(super()._configure_connection(connection))
+        wait = settings.DATABASE_WAIT_TIMEOUT
+        if not wait:
+            return changed
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET statement_timeout = {max(1, int(wait * 900))}")
+        return True
+
     def get_connection_params(self) -> dict[str, Any]:
         params = base.DatabaseWrapper.get_connection_params(self)
         params["cursor_factory"] = instrumented(params["cursor_factory"], self.alias, self.vendor)
