@@ -1152,6 +1152,7 @@ def delete_conversations(conversations: QuerySet[Conversation]) -> int:
             if _streaming_in(ids) - stopped:
                 continue
             message_ids = [str(i) for i in messages.values_list("id", flat=True)]
+            _delete_rows_of(ids)
             Conversation.objects.filter(pk__in=ids).delete()
             deleted: defaultdict[int, list[dict[str, Any]]] = defaultdict(list)
             for pk, owner_id in owned:
@@ -1162,6 +1163,27 @@ def delete_conversations(conversations: QuerySet[Conversation]) -> int:
             call(_drop_logs, message_ids)
         return len(owned)
     raise Conflict("answers kept starting in this conversation while it was deleted; try again")
+
+
+def _delete_rows_of(conversation_ids: list[Any]) -> None:
+    """Delete the conversations' messages and segments in a statement each, by their
+    conversation. Django's cascade loads every row and names every id in one statement,
+    whose parameters PostgreSQL bounds (65,535): a longer conversation could never be
+    deleted, and each try was answered "retry". The messages go in one statement, their
+    links to each other with them (the foreign keys are checked at its end)."""
+    if not conversation_ids:
+        return
+    Conversation.objects.filter(pk__in=conversation_ids).update(current_leaf=None)
+    Segment.objects.filter(message__conversation__in=conversation_ids).delete()
+    connection = connections[Message.objects.db]
+    table = connection.ops.quote_name(Message._meta.db_table)
+    column = connection.ops.quote_name(Message._meta.get_field("conversation").column)
+    key = Conversation._meta.pk
+    assert key is not None
+    values = [key.get_db_prep_value(pk, connection) for pk in conversation_ids]
+    with connection.cursor() as cursor:
+        marks = ", ".join(["%s"] * len(values))
+        cursor.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", values)
 
 
 def _streaming_in(conversation_ids: list[Any]) -> set[str]:

@@ -313,6 +313,34 @@ def test_unauthenticated_requests_answer_401(daphne, account):
             assert_error(forged.request(method, url.format(**ids), json={}), 401)
 
 
+def test_a_conversation_longer_than_a_statements_parameters_is_deleted(daphne, account):
+    """70,000 messages (with their segments and links to each other): more ids than one
+    PostgreSQL statement takes (65,535), which Django's cascade names all in one. The
+    delete was a 503 "retry" that never worked."""
+    from streaming.models import Conversation, Message, Segment
+
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        owner = Conversation.objects.get(pk=conversation)
+        parent = None
+        for start in range(0, 70_000, 10_000):
+            batch = [
+                Message(conversation=owner, role="user", content=f"m{i}")
+                for i in range(start, start + 10_000)
+            ]
+            batch[0].parent = parent
+            Message.objects.bulk_create(batch)
+            parent = batch[-1]
+        Segment.objects.bulk_create(Segment(message=m, index=0, status="complete") for m in batch)
+        Conversation.objects.filter(pk=conversation).update(current_leaf=parent)
+        response = api.delete(f"/api/conversations/{conversation}/")
+        assert response.status_code == 204, response.text
+        assert not Message.objects.filter(conversation_id=conversation).exists()
+        assert not Segment.objects.filter(message__conversation_id=conversation).exists()
+        assert_error(api.get(f"/api/conversations/{conversation}/"), 404)
+
+
 def test_delete_removes_messages_and_logs_and_stops_the_answer(daphne, account):
     from streaming.models import Message
 
