@@ -31,6 +31,12 @@ from streaming.termination import Status, Termination
 
 log = logging.getLogger(__name__)
 
+# An answer of this process's that never started: its rows committed while its post
+# failed (the answer to the commit lost), so nothing generated it.
+NEVER_STARTED_WHY = (
+    "this answer never started: the server lost the database's answer while starting it; "
+    "Continue or regenerate it"
+)
 # How many of a database call's waits (DATABASE_WAIT_TIMEOUT) a start may take after its
 # rows are written: its own round trips after the insert, the commit's among them.
 STRAY_WAITS = 3
@@ -205,6 +211,8 @@ class Reaper:
         texts = [e["type"] for e in logged if e["type"] in events.TEXT_TYPES]
         last_seq = logged[-1]["seq"] if logged else stored
         why = INTERRUPTED_WHY
+        if orphan.worker == self.presence.worker_id and not logged and not content:
+            why = NEVER_STARTED_WHY
         if logged and logged[0]["seq"] > stored + 1:
             why += (
                 f"; events {stored + 1}-{logged[0]['seq'] - 1} were lost from the event log, "

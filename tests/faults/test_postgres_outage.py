@@ -303,6 +303,7 @@ async def test_an_answer_whose_post_failed_after_its_commit_is_ended(
                     break
                 await asyncio.sleep(0.2)
         assert stray.json()["status"] == "interrupted", stray.json()
+        assert stray.json()["termination"]["error_message"].startswith("this answer never started")
         followed = await read_sse(client, account.token, answers[0]["id"])
         assert followed.events[-1].event == "done"
         again = await client.post(url, json={"content": "again"}, headers=auth(account.token))
