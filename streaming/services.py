@@ -1192,6 +1192,4 @@ def _streaming_in(conversation_ids: list[Any]) -> set[str]:
 
 
 async def _drop_logs(message_ids: list[str]) -> None:
-    log = get_runtime().log
-    for message_id in message_ids:
-        await log.delete(message_id)
+    await get_runtime().log.delete_many(message_ids)

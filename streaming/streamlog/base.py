@@ -116,6 +116,11 @@ class StreamLog(abc.ABC):
         ``TOMBSTONE_SECONDS``, end with ``deleted_done`` instead of waiting for events
         that will never come."""
 
+    async def delete_many(self, message_ids: list[str]) -> None:
+        """``delete`` each of ``message_ids`` (a conversation's, deleted with it)."""
+        for message_id in message_ids:
+            await self.delete(message_id)
+
     async def ping(self) -> None:
         """Raise if the backend is unreachable (used by /readyz)."""
 

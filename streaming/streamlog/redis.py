@@ -57,6 +57,8 @@ KEY_PREFIX = "chat:log:"
 # a cluster, few enough that a batch of many messages is a few calls.
 KEY_GROUPS = 16
 RETRY_FIRST_DELAY = 0.05
+# Messages whose logs go in one round trip when a conversation is deleted.
+DELETE_BATCH = 500
 RETRY_MAX_DELAY = 1.0
 UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 
@@ -441,10 +443,17 @@ class RedisStreamLog(StreamLog):
         return int(entries[0][0].split(b"-")[0]) if entries else 0
 
     async def delete(self, message_id: str) -> None:
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.set(tombstone_key(message_id, self.key_groups), "1", ex=TOMBSTONE_SECONDS)
-        pipe.delete(self._key(message_id))
-        await pipe.execute()
+        await self.delete_many([message_id])
+
+    async def delete_many(self, message_ids: list[str]) -> None:
+        """A round trip per ``DELETE_BATCH`` messages, not per message: each command on
+        its own key (no transaction), so the keys may live on different shards."""
+        for start in range(0, len(message_ids), DELETE_BATCH):
+            pipe = self._redis.pipeline(transaction=False)
+            for message_id in message_ids[start : start + DELETE_BATCH]:
+                pipe.set(tombstone_key(message_id, self.key_groups), "1", ex=TOMBSTONE_SECONDS)
+                pipe.delete(self._key(message_id))
+            await pipe.execute()
 
     async def ping(self) -> None:
         await self._redis.ping()

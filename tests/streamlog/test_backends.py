@@ -217,6 +217,19 @@ async def test_delete(log: StreamLog):
     assert await log.last_seq(mid) == 0
 
 
+async def test_a_conversations_logs_go_at_once_each_leaving_its_tombstone(log: StreamLog):
+    """``delete_many`` (a conversation's messages, more than one round trip's worth on
+    Redis): every log goes, and a follower starting late on any ends at once."""
+    mids = [str(uuid.uuid4()) for _ in range(1_200)]
+    for mid in mids[:3]:
+        await log.append(mid, deltas(1, 2))
+    await log.delete_many(mids)
+    for mid in (*mids[:3], mids[-1]):
+        assert await log.read(mid, 0) == []
+        late = [e async for batch in log.follow(mid, 0) for e in batch]
+        assert [(e["type"], e["error_type"]) for e in late] == [("done", "Deleted")]
+
+
 async def test_followers_of_a_deleted_log_end_with_a_terminal_event(log: StreamLog):
     mid = str(uuid.uuid4())
     await log.append(mid, deltas(1, 3))
