@@ -116,7 +116,7 @@ if DATABASE_URL:
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
             "min_size": 1,
             "max_size": env_int("DATABASE_POOL_SIZE", 10),
-            "timeout": env_int("DATABASE_POOL_TIMEOUT", 30),
+            "timeout": env_float("DATABASE_POOL_TIMEOUT", 30.0),
         }
         # A pooled connection the server ended while it waited (a restart, a terminated
         # backend, a proxy's idle timeout) is replaced, not handed to a request whose

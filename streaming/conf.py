@@ -58,7 +58,8 @@ DEFAULTS: dict[str, Any] = {
     "SHUTDOWN_READER_FLUSH": 3.0,
     # Stamp each delta with the engine's emit time ("t"), for the benchmark's latency figures.
     "EMIT_STAMPS": False,
-    # How long the final record is retried while the database is unreachable.
+    # How long a final record the database refuses is retried (one it cannot reach is
+    # retried until it can: generation.Generation._persist_final).
     "PERSIST_RETRY_SECONDS": 120.0,
     # Events a process keeps per message for its local readers; one further behind reads
     # back from the log, so a stalled client cannot pin a whole answer in memory.

@@ -165,11 +165,10 @@ def _check_capacity(user: Any) -> None:
 
 def _refuse_over_capacity(running: int) -> None:
     """``running``: the user's streaming answers, counted under the lock on their row."""
-    if running >= settings.MAX_CONCURRENT_GENERATIONS_PER_USER:
-        raise TooManyGenerations(
-            f"at most {settings.MAX_CONCURRENT_GENERATIONS_PER_USER} answers may stream at "
-            "once; wait for one to end"
-        )
+    limit = settings.MAX_CONCURRENT_GENERATIONS_PER_USER
+    if running >= limit:
+        answers = "one answer" if limit == 1 else f"{limit} answers"
+        raise TooManyGenerations(f"at most {answers} may stream at once; wait for one to end")
 
 
 def create_conversation(

@@ -227,8 +227,9 @@ class VLLMEngine:
             body["tools"] = request.tools
         if request.tool_choice is not None:
             body["tool_choice"] = request.tool_choice
-        if request.stop:
-            body["stop"] = list(request.stop)
+        # No ``stop``: the generation matches stop strings itself, on the answer only.
+        # vLLM matches them on the raw output, reasoning included, so a stop string the
+        # reasoning holds ("\n\n", say) ended the answer before it began.
         if request.continue_final:
             # Both flags: vLLM rejects continue_final_message with add_generation_prompt
             # (which defaults to true) with a 400.

@@ -284,6 +284,28 @@ def test_nginx_matches_the_web_tier(web_env):
     assert web_env["STATIC_ROOT"] == "/srv/static"
 
 
+def test_every_path_that_streams_or_waits_on_an_answer_is_a_streaming_location():
+    """A post answered with its stream (the page's), or waiting for its answer
+    (``?wait=true``), is as long as the answer: through the general location it was
+    buffered and cut at 60 s with nginx's 504 page."""
+    pattern = re.search(r"location ~ (\^/\S+\$) \{", NGINX_CONF.read_text())
+    assert pattern is not None and pattern.group(0).startswith(STREAM_LOCATION)
+    streaming = re.compile(pattern.group(1))
+    some = "0b5a4f7e-7d5e-4a4e-9f0e-3c2b1a0f9e8d"
+    for path in (
+        f"/api/messages/{some}/stream/",
+        "/api/messages/",
+        f"/api/conversations/{some}/messages/",
+        f"/api/messages/{some}/regenerate/",
+        f"/api/messages/{some}/edit/",
+        f"/api/messages/{some}/continue/",
+        "/v1/chat/completions",
+    ):
+        assert streaming.fullmatch(path), path
+    for path in ("/", "/api/conversations/", f"/api/conversations/{some}/", "/v1/models"):
+        assert not streaming.fullmatch(path), path
+
+
 def test_vllm_service_serves_the_configured_model(compose: dict[str, Any], web_env):
     vllm = compose["services"]["vllm"]
     assert vllm["image"].startswith("vllm/vllm-openai:")

@@ -71,7 +71,7 @@ def test_a_refused_first_message_leaves_no_conversation_and_names_the_field(open
     page.get_by_role("button", name="New conversation").click()
     box.fill("one too many")
     box.press("Enter")
-    expect(notice).to_contain_text("At most 1 answers may stream at once")
+    expect(notice).to_contain_text("At most one answer may stream at once")
 
     titles = [c["title"] for c in listed_conversations(chat)]
     assert titles == ["long"], f"refused messages left conversations behind: {titles}"

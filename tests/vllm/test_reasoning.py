@@ -139,3 +139,21 @@ async def test_v1_streams_delta_reasoning_and_returns_message_reasoning(chat, ac
     assert whole.usage is not None
     details = whole.usage.completion_tokens_details
     assert details is not None and details.reasoning_tokens and details.reasoning_tokens > 0
+
+
+async def test_a_stop_string_in_the_reasoning_does_not_stop_the_answer(chat, account):
+    """Stop strings apply to the answer only (docs/protocol.md): one the reasoning holds
+    ("four") ended the answer inside its reasoning, with no answer at all, when vLLM was
+    given it; one in the answer still stops it."""
+    async with httpx.AsyncClient(base_url=chat.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        kept = await post_message(client, account.token, conversation, PONDER, stop=["four"])
+        kept_events = [e.data for e in (await read_sse(client, account.token, kept["id"])).events]
+        cut = await post_message(client, account.token, conversation, PONDER, stop=["is 4"])
+        cut_events = [e.data for e in (await read_sse(client, account.token, cut["id"])).events]
+    assert reasoning_of(kept_events) == planted.REASONING
+    assert text_of(kept_events) == planted.REASONED_ANSWER
+    assert kept_events[-1]["status"] == "complete"
+    assert reasoning_of(cut_events) == planted.REASONING
+    assert text_of(cut_events) == planted.REASONED_ANSWER[: planted.REASONED_ANSWER.index("is 4")]
+    assert (cut_events[-1]["status"], cut_events[-1]["stop_reason"]) == ("stopped", "is 4")
