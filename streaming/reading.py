@@ -212,6 +212,27 @@ class Subscription:
         # Continue starts after it) and never its current segment's `done` (the record
         # turns final with it); a finished message ends with its last `done`.
         self.ends_after = state.last_seq - 1 if state.final else state.last_seq
+        # This reader's count in presence while it is attached (``attach``'s answer), one
+        # taken over from the reader it replaces, and whether it was handed on in turn.
+        self.attached: bool | None = None
+        self.taken: bool | None = None
+        self.handed_over = False
+
+    def take_over(self, previous: Subscription) -> None:
+        """Count as ``previous``'s reader from now (one socket subscribing again to the
+        same message): ``previous`` will not detach, nor this one attach. The count fell
+        to none between the two, and with no grace for a reader to come back (a grace of
+        0) the answer ended ``abandoned`` under the reader asking for it again. Call
+        before cancelling ``previous``, and ``release`` this one if it will not run."""
+        if previous.attached is not None and not previous.handed_over:
+            previous.handed_over = True
+            self.taken = previous.attached
+
+    async def release(self) -> None:
+        """Give up a count taken over and not yet used (this reader will not run)."""
+        if self.taken is not None:
+            taken, self.taken = self.taken, None
+            await self.presence.detach(self.state.id, shared=taken)
 
     async def frames(self, ping_interval: float | None) -> AsyncIterator[list[events.Event] | None]:
         """Merged batches to write, or ``None`` when a keep-alive is due."""
@@ -220,8 +241,16 @@ class Subscription:
         recorded = self.metrics
         if resumed:
             recorded.resumes.inc()
-        beyond = await self._beyond_the_end()
-        shared = await self.presence.attach(message_id, live=not self.state.final)
+        try:
+            beyond = await self._beyond_the_end()
+        except BaseException:
+            await self.release()
+            raise
+        if self.taken is not None:
+            shared, self.taken = self.taken, None
+        else:
+            shared = await self.presence.attach(message_id, live=not self.state.final)
+        self.attached = shared
         recorded.streams_active.inc()
         replaying = resumed
         try:
@@ -274,7 +303,9 @@ class Subscription:
                 transport=self.transport, status=self.ended_status or "disconnected"
             ).inc()
             ended = self.ended_status is not None
-            await self.presence.detach(message_id, shared=shared, ended=ended)
+            self.attached = None
+            if not self.handed_over:
+                await self.presence.detach(message_id, shared=shared, ended=ended)
 
     async def _beyond_the_end(self) -> bool:
         """Whether a live message's cursor is past every event it has: a seq no reader

@@ -142,6 +142,8 @@ class ChatConsumer(LoopWebsocketConsumer):
         # The next check of a session's socket (``SESSION_RECHECK``).
         self.session_check: asyncio.TimerHandle | None = None
         self.subscriptions: dict[str, asyncio.Task[None]] = {}
+        # The subscription each of those tasks streams (one subscribing again takes it over).
+        self.readers: dict[str, Subscription] = {}
         self.feed: tuple[Listener, asyncio.Task[None]] | None = None
         self.last_sent = time.monotonic()
         self.send_buffer = SendBuffer(self.base_send)
@@ -204,6 +206,7 @@ class ChatConsumer(LoopWebsocketConsumer):
                 await task
         if hasattr(self, "subscriptions"):
             self.subscriptions.clear()
+            self.readers.clear()
 
     # --- receive: parse, dispatch, answer; never stream here -----------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -437,6 +440,7 @@ class ChatConsumer(LoopWebsocketConsumer):
             return
         message_id = self._message_id(frame, looked_up=False)
         task = self.subscriptions.pop(message_id, None)
+        self.readers.pop(message_id, None)
         if task is not None:
             task.cancel()
         await self._reply(frame, {"type": "unsubscribed", "message_id": message_id})
@@ -478,25 +482,39 @@ class ChatConsumer(LoopWebsocketConsumer):
             state = await selectors.message_state(self.user, message_id)
         message_id = state.id
         old = self.subscriptions.pop(message_id, None)
-        if old is not None:
-            old.cancel()
+        previous = self.readers.pop(message_id, None)
         most = streaming_settings.WS_MAX_SUBSCRIPTIONS
         if len(self.subscriptions) >= most:
+            if old is not None:
+                old.cancel()
             raise FrameError("too_many_subscriptions", f"at most {most} at once")
-        await self._reply(
-            frame,
-            {
-                "type": "subscribed",
-                "message_id": message_id,
-                "after": after,
-                "status": state.status,
-            },
-        )
-        if not has_more(state, after):
+        subscription = None
+        if has_more(state, after):
+            subscription = selectors.subscription(state, after, "ws", self.send_buffer)
+            if previous is not None:
+                # The answer keeps its reader across the switch (``take_over``).
+                subscription.take_over(previous)
+        if old is not None:
+            old.cancel()
+        try:
+            await self._reply(
+                frame,
+                {
+                    "type": "subscribed",
+                    "message_id": message_id,
+                    "after": after,
+                    "status": state.status,
+                },
+            )
+        except BaseException:
+            if subscription is not None:
+                await subscription.release()
+            raise
+        if subscription is None:
             return
-        subscription = selectors.subscription(state, after, "ws", self.send_buffer)
         task = asyncio.create_task(self._stream(subscription))
         self.subscriptions[message_id] = task
+        self.readers[message_id] = subscription
 
     async def _stream(self, subscription: Subscription) -> None:
         """Write the subscription's events. It ends with the ``done`` that ends the stream
@@ -545,6 +563,8 @@ class ChatConsumer(LoopWebsocketConsumer):
             finally:
                 if self.subscriptions.get(message_id) is asyncio.current_task():
                     del self.subscriptions[message_id]
+                if self.readers.get(message_id) is subscription:
+                    del self.readers[message_id]
 
     async def _follow_feed(self, frame: dict[str, Any]) -> None:
         if self.feed is None:

@@ -156,3 +156,31 @@ async def test_a_client_closing_mid_stream_ends_its_socket_quietly(daphne, accou
     log = server.log_text()
     for trouble in ("Traceback", "WebSocket stream failed", "never retrieved"):
         assert trouble not in log
+
+
+async def test_subscribing_again_to_the_answer_followed_keeps_it_read(daphne, account):
+    """A socket subscribes again, from 0, to the answer it follows: the answer keeps its
+    reader across the switch. With no grace for a reader to come back, the count fell
+    to none between the two subscriptions and the answer ended ``abandoned``."""
+    server = daphne(STREAM_ABANDON_GRACE="0")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        ws = await ChatSocket.connect(server.ws_url, account.token)
+        try:
+            sim = {"simulation": {"length": 40, "tokens_per_second": 40, "ttft_ms": 0}}
+            created = await ws.create(conversation, "hello", sim)
+            message_id = created[-1]["message_id"]
+            deltas = 0
+            while deltas < 3:
+                frame = await ws.recv()
+                deltas += frame.get("type") == "delta"
+            await ws.send({"type": "subscribe", "message_id": message_id, "after": 0})
+            frames = await ws.recv_until("subscribed", message_id)
+            again = await ws.events_until_done(message_id)
+        finally:
+            await ws.close()
+        stored = await wait_for_status(client, account.token, message_id)
+    assert stored["status"] == "complete", stored["termination"]
+    assert frames[-1]["after"] == 0
+    assert again[0]["type"] == "start" and again[-1]["status"] == "complete", again[-1]
+    assert text_of(again) == stored["content"] and seqs(again) == sorted(set(seqs(again)))
