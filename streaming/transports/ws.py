@@ -361,9 +361,18 @@ class ChatConsumer(LoopWebsocketConsumer):
     async def on_ping(self, frame: dict[str, Any]) -> None:
         await self._reply(frame, {"type": "pong"})
 
+    def _room_to_follow(self, subscribe: bool) -> None:
+        """A frame that starts an answer and would follow it is refused when the socket
+        follows as many as it may, before anything is made: the answer was made, then
+        its subscription refused, and it streamed to nobody until abandoned."""
+        most = streaming_settings.WS_MAX_SUBSCRIPTIONS
+        if subscribe and len(self.subscriptions) >= most:
+            raise FrameError("too_many_subscriptions", f"at most {most} at once")
+
     async def on_create(self, frame: dict[str, Any]) -> None:
         conversation = self._conversation(frame)
         subscribe = self._flag(frame, "subscribe", True)
+        self._room_to_follow(subscribe)
         # Checked by the service, whatever its type: "" (or null) is the default model.
         model = frame.get("model")
         exchange = await post_message(
@@ -380,6 +389,7 @@ class ChatConsumer(LoopWebsocketConsumer):
         message_id = self._message_id(frame)
         subscribe = self._flag(frame, "subscribe", True)
         stop = self._flag(frame, "stop", False)
+        self._room_to_follow(subscribe)
         exchange = await regenerate_message(
             self.user, message_id, frame.get("params"), stop=stop, **_keyed(frame)
         )
@@ -389,6 +399,7 @@ class ChatConsumer(LoopWebsocketConsumer):
         message_id = self._message_id(frame)
         subscribe = self._flag(frame, "subscribe", True)
         stop = self._flag(frame, "stop", False)
+        self._room_to_follow(subscribe)
         exchange = await edit_message(
             self.user,
             message_id,

@@ -184,3 +184,29 @@ async def test_subscribing_again_to_the_answer_followed_keeps_it_read(daphne, ac
     assert frames[-1]["after"] == 0
     assert again[0]["type"] == "start" and again[-1]["status"] == "complete", again[-1]
     assert text_of(again) == stored["content"] and seqs(again) == sorted(set(seqs(again)))
+
+
+async def test_a_socket_following_its_most_makes_no_answer_it_could_not_follow(daphne, account):
+    """At ``STREAM_WS_MAX_SUBSCRIPTIONS``, a ``message.create`` that would follow its
+    answer is refused before anything is made (the answer was made, then its
+    subscription refused: it streamed to nobody); one that will not follow goes on."""
+    server = daphne(STREAM_WS_MAX_SUBSCRIPTIONS="1")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        other = await create_conversation(client, account.token)
+        ws = await ChatSocket.connect(server.ws_url, account.token)
+        try:
+            slow = {"simulation": {"length": 400, "tokens_per_second": 20, "ttft_ms": 0}}
+            first = await ws.create(conversation, "one", slow)
+            await ws.send({"type": "message.create", "conversation": other, "content": "two"})
+            refused = (await ws.recv_until("error"))[-1]
+            unfollowed = await ws.create(other, "three", {}, subscribe=False)
+        finally:
+            await ws.close()
+        listed = await client.get(
+            f"/api/conversations/{other}/messages/", headers=auth(account.token)
+        )
+    assert first[-1]["type"] == "message.created"
+    assert refused["code"] == "too_many_subscriptions", refused
+    assert unfollowed[-1]["type"] == "message.created"
+    assert [m["content"] for m in listed.json()["results"] if m["role"] == "user"] == ["three"]
