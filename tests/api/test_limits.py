@@ -23,7 +23,7 @@ def test_over_the_concurrent_answer_limit_is_429_with_retry_after(daphne, accoun
         refused = post(api, elsewhere, "second", **SLOW)
         error = assert_error(refused, 429, "too_many_generations")
         assert int(refused.headers["retry-after"]) > 0
-        assert "at most 1" in error["message"]
+        assert "at most one answer may stream at once" in error["message"]
 
         bearer = {"Authorization": f"Bearer {account.token}"}
         body = {"model": "simulated", "messages": [{"role": "user", "content": "third"}]}
