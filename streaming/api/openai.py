@@ -348,6 +348,12 @@ class ChatCompletionsConsumer(OpenAIConsumer):
             error = error or termination_error(termination)
             message = str(error.get("message") or "the engine failed")
             retry = [(b"x-should-retry", b"false")] if would_repeat(error) else []
+            if error.get("code") == "context_full":
+                # The request's own fault, as OpenAI answers it (a 400 naming messages),
+                # and as a stream says it (context_full), not the engine's failure.
+                full = error_document(400, "context_full", message, "messages")
+                await self.reply(400, full, ids + retry)
+                return
             await self.reply(502, error_document(502, "engine_error", message), ids + retry)
             return
         document = completion(

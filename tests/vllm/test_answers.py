@@ -211,6 +211,17 @@ async def test_a_conversation_longer_than_the_context_says_so(chat, account):
         conversation = await create_conversation(client, account.token)
         message = await post_message(client, account.token, conversation, "a " * 2100)
         events = await events_of(client, account.token, message["id"])
+    ai = openai.AsyncOpenAI(
+        base_url=f"{server.url}/v1", api_key=account.token, max_retries=0, timeout=30
+    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        await ai.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "a " * 2100}]
+        )
+    await ai.close()
+    # Said as a stream says it, and as OpenAI does: the request's fault, not the engine's.
+    assert (refused.value.body["code"], refused.value.body["param"]) == ("context_full", "messages")
+    assert refused.value.response.headers["x-should-retry"] == "false"
 
     assert [e["type"] for e in events] == ["start", "error", "done"]
     assert events[1]["error"]["type"] == "ContextFull"
