@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -130,6 +131,15 @@ def _parse(name: str, raw: str, default: Any) -> Any:
 def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The ``STREAMING`` dict the environment asks for (only what it sets)."""
     env = os.environ if environ is None else environ
+    known = environment_variables()
+    for name in sorted(n for n in env if n.startswith(ENV_PREFIX) and n not in known):
+        # Said, not refused: the prefix is common enough that another program's variable
+        # may carry it; a typo of one of ours must not go unnoticed.
+        warnings.warn(
+            f"{name} is not a setting of this server (a typo of a STREAM_ variable?); "
+            "docs/configuration.md lists them",
+            stacklevel=2,
+        )
     config: dict[str, Any] = {}
     for key, default in DEFAULTS.items():
         if key in BACKEND_KEYS:

@@ -51,6 +51,14 @@ def test_the_environment_sets_keys_by_name_and_type():
         from_environ({"STREAM_RETRY_MS": "soon"})
 
 
+def test_a_stream_variable_that_is_no_setting_is_said_at_start_up():
+    """A typo (``STREAM_STAL_TIMEOUT``) was ignored without a word; it is said, and the
+    rest still applies."""
+    with pytest.warns(UserWarning, match="STREAM_STAL_TIMEOUT is not a setting"):
+        config = from_environ({"STREAM_STAL_TIMEOUT": "5", "STREAM_RETRY_MS": "250"})
+    assert config == {"RETRY_MS": 250}
+
+
 def test_service_urls_pick_backends_by_path():
     config = from_environ(
         {"REDIS_URL": "redis://h:1/0", "ENGINE_URL": "http://e", "ENGINE_MODEL": "m"}
