@@ -1166,23 +1166,15 @@ def delete_conversations(conversations: QuerySet[Conversation]) -> int:
 
 def _delete_rows_of(conversation_ids: list[Any]) -> None:
     """Delete the conversations' messages and segments in a statement each, by their
-    conversation. Django's cascade loads every row and names every id in one statement,
-    whose parameters PostgreSQL bounds (65,535): a longer conversation could never be
-    deleted, and each try was answered "retry". The messages go in one statement, their
-    links to each other with them (the foreign keys are checked at its end)."""
+    conversation. Django's cascade names every message's id in one statement: a
+    conversation of more than 65,535 messages could never be deleted, and each try was
+    answered "retry". The messages go in one statement, their links to each other with
+    them."""
     if not conversation_ids:
         return
     Conversation.objects.filter(pk__in=conversation_ids).update(current_leaf=None)
     Segment.objects.filter(message__conversation__in=conversation_ids).delete()
-    connection = connections[Message.objects.db]
-    table = connection.ops.quote_name(Message._meta.db_table)
-    column = connection.ops.quote_name(Message._meta.get_field("conversation").column)
-    key = Conversation._meta.pk
-    assert key is not None
-    values = [key.get_db_prep_value(pk, connection) for pk in conversation_ids]
-    with connection.cursor() as cursor:
-        marks = ", ".join(["%s"] * len(values))
-        cursor.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", values)
+    statements.delete_rows(Message, "conversation", conversation_ids)
 
 
 def _streaming_in(conversation_ids: list[Any]) -> set[str]:

@@ -238,6 +238,24 @@ def update_rows(model: type[Model], values: Mapping[str, Any], **where: Any) -> 
         return int(cursor.rowcount)
 
 
+def delete_rows(model: type[Model], name: str, values: Sequence[Any]) -> int:
+    """The rows of ``model`` whose field ``name`` is one of ``values``, deleted in one
+    statement without Django's collector, which loads every row and names every id in
+    one statement's parameters (PostgreSQL takes at most 65,535). For rows whose
+    relations the caller has dealt with, or that go with them in the same statement (the
+    foreign keys are checked at its end); the number deleted."""
+    if not values:
+        return 0
+    _, connection = _connection(model)
+    field = _field(model, name)
+    column = _column(connection, model, name)
+    marks = ", ".join(["%s"] * len(values))
+    sql = f"DELETE FROM {_table(connection, model)} WHERE {column} IN ({marks})"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [field.get_db_prep_value(v, connection) for v in values])
+        return int(cursor.rowcount)
+
+
 # One ``update_rows`` of a chain: the model, the values set, the equality filters.
 Step = tuple[type[Model], Mapping[str, Any], Mapping[str, Any]]
 

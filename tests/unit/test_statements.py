@@ -541,3 +541,17 @@ def test_a_post_inside_another_transaction_writes_at_once(conversation: Conversa
     *_, segment = _post(conversation.owner_id, conversation)
     assert segment.pk is not None
     assert Message.objects.filter(conversation=conversation).count() == 2
+
+
+def test_rows_are_deleted_by_a_field_in_one_statement(conversation: Conversation) -> None:
+    """Only the rows whose field is one of the values go, in one statement whatever their
+    number (no row loaded, no id named), links between them with them."""
+    other = Conversation.objects.create(owner=conversation.owner)
+    first = Message.objects.create(conversation=conversation, role="user", content="a")
+    Message.objects.create(conversation=conversation, role="user", content="b", parent=first)
+    kept = Message.objects.create(conversation=other, role="user", content="c")
+    assert statements.delete_rows(Message, "conversation", []) == 0
+    with CaptureQueriesContext(connections["default"]) as queries:
+        assert statements.delete_rows(Message, "conversation", [conversation.pk]) == 2
+    assert len(queries.captured_queries) == 1
+    assert list(Message.objects.values_list("pk", flat=True)) == [kept.pk]
