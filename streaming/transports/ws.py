@@ -62,7 +62,6 @@ CLOSE_GOING_AWAY = 1001
 MAX_REF_CHARS = 200
 # How long a shutdown waits for clients to answer the 1001 close before the server stops.
 GOING_AWAY_WAIT = 1.0
-# The spelling of an id the REST paths take: lowercase, with hyphens.
 
 
 class FrameError(Exception):
@@ -362,9 +361,9 @@ class ChatConsumer(LoopWebsocketConsumer):
         await self._reply(frame, {"type": "pong"})
 
     def _room_to_follow(self, subscribe: bool) -> None:
-        """A frame that starts an answer and would follow it is refused when the socket
-        follows as many as it may, before anything is made: the answer was made, then
-        its subscription refused, and it streamed to nobody until abandoned."""
+        """Refuse a subscription (``subscribe``) past ``WS_MAX_SUBSCRIPTIONS``. A frame that
+        starts an answer asks this before anything is made: the answer was made, then its
+        subscription refused, and it streamed to nobody until abandoned."""
         most = streaming_settings.WS_MAX_SUBSCRIPTIONS
         if subscribe and len(self.subscriptions) >= most:
             raise FrameError("too_many_subscriptions", f"at most {most} at once")
@@ -494,11 +493,8 @@ class ChatConsumer(LoopWebsocketConsumer):
         message_id = state.id
         old = self.subscriptions.pop(message_id, None)
         previous = self.readers.pop(message_id, None)
-        most = streaming_settings.WS_MAX_SUBSCRIPTIONS
-        if len(self.subscriptions) >= most:
-            if old is not None:
-                old.cancel()
-            raise FrameError("too_many_subscriptions", f"at most {most} at once")
+        # Never refused when it replaces one: the count just went down.
+        self._room_to_follow(True)
         subscription = None
         if has_more(state, after):
             subscription = selectors.subscription(state, after, "ws", self.send_buffer)
