@@ -2,7 +2,7 @@
 // Save and Send, or Cancel), and `‹ n / m ›` to step between the versions of a message
 // (its siblings: the answers to one question, the edits of one question).
 
-import { el } from "./dom.js";
+import { composing, el } from "./dom.js";
 
 function button(text, label, enabled, onClick) {
   const node = el("button", { type: "button", class: "button small action", "aria-label": label }, text);
@@ -48,7 +48,7 @@ function startEditing(node, message, edit) {
     else save.disabled = false;
   });
   field.addEventListener("keydown", (e) => {
-    if (e.isComposing || e.keyCode === 229) return; // an input method's Esc: its own
+    if (composing(e)) return; // its Esc drops the word: not the edit
     if (e.key === "Escape") {
       e.stopPropagation(); // this field's: not the page's Esc, which stops the answer
       stopEditing();

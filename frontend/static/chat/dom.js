@@ -1,4 +1,5 @@
-// Building DOM nodes. Text always goes in as text nodes: nothing here parses HTML.
+// Building DOM nodes, and what their key events mean. Text always goes in as text nodes:
+// nothing here parses HTML.
 
 /**
  * el("p", {class: "x", dir: "auto"}, "text", childNode) -> HTMLElement.
@@ -24,4 +25,12 @@ export function append(node, children) {
     node.append(typeof child === "string" ? document.createTextNode(child) : child);
   }
   return node;
+}
+
+/** Whether a key event belongs to an input method composing a word (Japanese, Chinese):
+ * its Enter picks the word and its Escape drops it, so a field's own keys must let it be.
+ * Chromium marks such events `isComposing`; the keydown that ends a composition in some
+ * browsers has only its key code, 229. */
+export function composing(event) {
+  return event.isComposing || event.keyCode === 229;
 }

@@ -5,7 +5,7 @@
 // refetches the list.
 
 import { confirmAction } from "./confirm.js";
-import { el } from "./dom.js";
+import { composing, el } from "./dom.js";
 
 const DAY_MS = 24 * 60 * 60 * 1000;
 
@@ -236,8 +236,7 @@ export class Sidebar {
       }
     };
     input.addEventListener("keydown", (e) => {
-      // Enter that picks an input method's word (Japanese, Chinese) is not Save.
-      if (e.isComposing || e.keyCode === 229) return;
+      if (composing(e)) return; // its Enter picks the word: not Save
       if (e.key === "Enter") {
         e.preventDefault();
         finish(true);
