@@ -87,9 +87,10 @@ class StopUnconfirmed(ServiceError):
 
 
 class Unavailable(ServiceError):
-    """The database could not serve the request: a connection lost, or none to be had
-    within ``DATABASE_POOL_TIMEOUT`` (``unavailable``). Nothing was made (the transaction
-    rolled back); the same request may be sent again."""
+    """The database could not serve the request: a connection lost, none to be had within
+    ``DATABASE_POOL_TIMEOUT``, or no answer within ``DATABASE_WAIT_TIMEOUT``
+    (``unavailable``). Nothing was made, unless a commit whose answer was lost went
+    through: a post is sent again with its ``Idempotency-Key`` (docs/api.md)."""
 
     status = 503
     code = "unavailable"

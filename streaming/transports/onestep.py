@@ -241,7 +241,8 @@ async def _open(send: Any, created: dict[str, Any], headers: list[tuple[bytes, b
 
 async def _failed(send: Any, exc: Exception) -> None:
     """The answer to a one-step post that failed before it sent anything: a 503 when the
-    database failed it (nothing was made: the same post may be sent again), else a 500."""
+    database failed it (``Unavailable``: sent again with its ``Idempotency-Key``, the
+    post gets what a commit whose answer was lost made), else a 500."""
     down = unavailable(exc)
     if down is None:
         log.error("one-step post failed", exc_info=exc)
