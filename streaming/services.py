@@ -795,14 +795,32 @@ def _regeneration_params(old: Message, raw_params: Any) -> tuple[str, dict[str, 
     return model, params
 
 
-def check_regeneration(user: Any, message_id: Any, raw_params: Any = None) -> None:
+def _is_retry(user: Any, idempotency_key: Any, idempotency_field: str) -> bool:
+    """Whether a request carries a key that a first request already made something with."""
+    key = IdempotencyKey.of(user, idempotency_key, idempotency_field)
+    return key is not None and _earlier_request(key) is not None
+
+
+def check_regeneration(
+    user: Any,
+    message_id: Any,
+    raw_params: Any = None,
+    *,
+    idempotency_key: Any = None,
+    idempotency_field: str = IDEMPOTENCY_HEADER,
+) -> bool:
     """Refuse now what ``regenerate`` would refuse whatever streams below the answer,
     and an answer streaming above it, which stopping the branch would not end: a caller
     that stops the branch first (``"stop": true``) must not end an answer for a request
-    refused after."""
+    refused after. Whether to stop the branch: not for a retry of a request that made its
+    answer (its key), which makes nothing now, so it stops nothing and is not refused for
+    what streams since (it is answered the first request's answer, or refused the key)."""
     old = message_for(user, message_id)
     _regeneration_params(old, raw_params)
+    if _is_retry(user, idempotency_key, idempotency_field):
+        return False
     _refuse_streaming_path(path_messages(old.conversation_id, old.parent_id))
+    return True
 
 
 def _create_regeneration(
@@ -865,13 +883,24 @@ def _edit_request(content: Any, raw_params: Any, model: Any) -> tuple[str, str]:
 
 
 def check_edit(
-    user: Any, message_id: Any, content: Any, raw_params: Any = None, model: Any = ""
-) -> None:
-    """Refuse now what ``edit`` would refuse whatever streams (see ``check_regeneration``)."""
+    user: Any,
+    message_id: Any,
+    content: Any,
+    raw_params: Any = None,
+    model: Any = "",
+    *,
+    idempotency_key: Any = None,
+    idempotency_field: str = IDEMPOTENCY_HEADER,
+) -> bool:
+    """Refuse now what ``edit`` would refuse whatever streams; whether to stop the branch
+    (see ``check_regeneration``)."""
     _, model = _edit_request(content, raw_params, model)
     old = message_for(user, message_id)
     _edit_params(old, raw_params, model)
+    if _is_retry(user, idempotency_key, idempotency_field):
+        return False
     _refuse_streaming_path(path_messages(old.conversation_id, old.parent_id))
+    return True
 
 
 def _create_edit(
@@ -944,13 +973,12 @@ async def _made_after_stopping(
     user: Any,
     message_id: Any,
     stop: bool,
-    check: Callable[[], None],
+    check: Callable[[], bool],
     make: Callable[[], Exchange],
 ) -> Exchange:
     """``make()`` in a database thread; with ``stop``, the branch below ``message_id``
-    stopped first, once ``check()`` found that the request is not refused."""
-    if stop:
-        await database.run(check)
+    stopped first, once ``check()`` found that the request is not refused (nor a retry)."""
+    if stop and await database.run(check):
         await stop_branch(user, message_id)
     return await database.run(make)
 
@@ -964,7 +992,7 @@ async def regenerate_message(
         user,
         message_id,
         stop,
-        functools.partial(check_regeneration, user, message_id, raw_params),
+        functools.partial(check_regeneration, user, message_id, raw_params, **keyed),
         functools.partial(regenerate, user, message_id, raw_params, **keyed),
     )
 
@@ -985,7 +1013,7 @@ async def edit_message(
         user,
         message_id,
         stop,
-        functools.partial(check_edit, user, message_id, content, raw_params, model),
+        functools.partial(check_edit, user, message_id, content, raw_params, model, **keyed),
         functools.partial(edit, user, message_id, content, raw_params, model, **keyed),
     )
 

@@ -381,12 +381,12 @@ class MessageRegenerate(JSONView):
         body = RegenerateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         raw_params = body.validated_data.get("params")
-        if body.validated_data["stop"]:
-            services.check_regeneration(request.user, message_id, raw_params)
+        key = _idempotency_key(request)
+        if body.validated_data["stop"] and services.check_regeneration(
+            request.user, message_id, raw_params, idempotency_key=key
+        ):
             services.call(services.stop_branch, request.user, message_id)
-        exchange = services.regenerate(
-            request.user, message_id, raw_params, idempotency_key=_idempotency_key(request)
-        )
+        exchange = services.regenerate(request.user, message_id, raw_params, idempotency_key=key)
         return _started(request, exchange, wait, with_question=False)
 
 
@@ -404,8 +404,8 @@ class MessageEdit(JSONView):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         edit = (request.user, message_id, data["content"], data.get("params"), data.get("model"))
-        if data["stop"]:
-            services.check_edit(*edit)
+        key = _idempotency_key(request)
+        if data["stop"] and services.check_edit(*edit, idempotency_key=key):
             services.call(services.stop_branch, request.user, message_id)
-        exchange = services.edit(*edit, idempotency_key=_idempotency_key(request))
+        exchange = services.edit(*edit, idempotency_key=key)
         return _started(request, exchange, wait, with_question=True)

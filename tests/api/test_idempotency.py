@@ -35,6 +35,12 @@ def ids(response: httpx.Response) -> tuple[str, str, str]:
     return body["message"]["conversation"], body["user_message"]["id"], body["message"]["id"]
 
 
+def made(response: httpx.Response) -> str:
+    """The answer a post, regenerate or edit made."""
+    assert response.status_code == 201, response.text
+    return str(response.json()["message"]["id"])
+
+
 def messages_in(api: httpx.Client, conversation: str) -> int:
     listed = api.get(f"/api/conversations/{conversation}/messages/?tree=true")
     assert listed.status_code == 200, listed.text
@@ -155,6 +161,36 @@ def test_a_retried_regenerate_or_edit_makes_one_version(daphne, account, stop: b
         ):
             assert_error(api.post(url, json=other, headers={KEY: key}), 422, field=KEY)
         assert messages_in(api, conversation) == 5
+
+
+def test_a_retry_that_says_stop_stops_nothing(daphne, account) -> None:
+    """A regenerate or edit sent again with ``"stop": true`` makes nothing, so it stops
+    nothing: an answer streaming since on the branch it came from goes on, and one
+    streaming above is no reason to refuse the retry (the same retry without ``stop``
+    is answered)."""
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        _, question, answer = ids(send(api, f"/api/conversations/{conversation}/messages/", None))
+        api.post(f"/api/messages/{answer}/cancel/")
+        regenerate = (f"/api/messages/{answer}/regenerate/", {"params": QUICK, "stop": True})
+        edit = (f"/api/messages/{question}/edit/", {"content": "hi", "params": QUICK, "stop": True})
+        first = {
+            url: made(api.post(url, json=body, headers={KEY: url}))
+            for url, body in (regenerate, edit)
+        }
+        # Back on the first answer, a question below it whose answer streams.
+        switched = api.patch(f"/api/conversations/{conversation}/", json={"current_leaf": answer})
+        assert switched.status_code == 200, switched.text
+        *_, streaming = ids(
+            send(api, f"/api/conversations/{conversation}/messages/", None, params=SLOW)
+        )
+        for url, body in (regenerate, edit):
+            again = api.post(url, json=body, headers={KEY: url})
+            assert again.status_code == 201 and again.headers[REPLAYED] == "true", again.text
+            assert made(again) == first[url]
+        assert api.get(f"/api/messages/{streaming}/").json()["status"] == "streaming"
+        api.post(f"/api/messages/{streaming}/cancel/")
 
 
 @pytest.mark.parametrize(
