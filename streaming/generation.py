@@ -50,6 +50,7 @@ from streaming.stops import StopFilter
 from streaming.storable import storable
 from streaming.streamlog import (
     Appended,
+    LogDeleted,
     LogLost,
     LogUnreachable,
     SeqConflict,
@@ -403,7 +404,16 @@ class Generation:
     async def _fail(self, termination: Termination, exc: Exception) -> None:
         """End as an internal error: a bug, an unexpected failure, or the log refusing.
         The record says what the product knows in its own words; any other exception's
-        text (a library's, which may name a server's address) goes to the log only."""
+        text (a library's, which may name a server's address) goes to the log only. A log
+        deleted with its conversation ends the answer as its delete's Stop would have
+        (one that came before this generation started, or that its process missed): it
+        has no record left to write, nor a log to tell."""
+        if isinstance(exc, LogDeleted):
+            log.info("generation stopped: its conversation was deleted")
+            termination.status = Status.CANCELLED.value
+            termination.error_type = "Deleted"
+            termination.error_message = "the conversation was deleted"
+            return
         log.error("generation failed", exc_info=exc)
         termination.status = Status.ERROR.value
         termination.error_type = "InternalError"

@@ -25,7 +25,7 @@ from streaming.errors import InvalidCursor
 from streaming.hub import Hub
 from streaming.models import Message
 from streaming.presence import Presence
-from streaming.streamlog import StreamLog
+from streaming.streamlog import StreamLog, deleted_done
 from streaming.termination import FINAL_STATUSES, Status
 
 # How often a paused reader re-checks the send buffer.
@@ -333,7 +333,10 @@ class Subscription:
         whole content); otherwise the reader is told plainly that text is missing."""
         first = batch[0]["seq"]
         if self.cursor == 0:
-            content, reasoning, last_seq = await database.run(_persisted, self.state.id)
+            stored = await database.run(_persisted, self.state.id)
+            if stored is None:
+                return [deleted_done(self.cursor)]
+            content, reasoning, last_seq = stored
             if self.state.final:
                 return snapshot(self.state, 0, content, reasoning)
             texts = stored_texts(content, reasoning, last_seq)
@@ -361,7 +364,11 @@ class Subscription:
             if has_more(self.state, self.cursor):
                 content = reasoning = ""
                 if self.cursor == 0:
-                    content, reasoning, _ = await database.run(_persisted, message_id)
+                    stored = await database.run(_persisted, message_id)
+                    if stored is None:
+                        yield [deleted_done(self.cursor)]
+                        return
+                    content, reasoning, _ = stored
                 yield snapshot(self.state, self.cursor, content, reasoning)
             return
         cursor = self.cursor
@@ -452,13 +459,11 @@ def _says_missing(event: events.Event) -> bool:
     return event["type"] == events.ERROR and event["error"].get("code") in MISSING_CODES
 
 
-def _persisted(message_id: str) -> tuple[str, str, int]:
+def _persisted(message_id: str) -> tuple[str, str, int] | None:
     """The message's stored text and reasoning, and the seq they reach (written together,
-    write-behind)."""
-    content, reasoning, last_seq = Message.objects.values_list(
-        "content", "reasoning", "last_seq"
-    ).get(id=message_id)
-    return content, reasoning, last_seq
+    write-behind); None once it is deleted (with its conversation, as it was read)."""
+    stored = Message.objects.values_list("content", "reasoning", "last_seq").filter(id=message_id)
+    return next(iter(stored), None)
 
 
 async def wait_until_ended(

@@ -1021,7 +1021,12 @@ async def edit_message(
 def _streaming_below(user: Any, message_id: Any) -> dict[str, int]:
     """The answers streaming at or below one of the user's messages, each with its number
     of segments (a Continue adds one: the same id streaming again is a new segment)."""
-    streaming = _streaming_at_or_below(message_for(user, message_id))
+    return _with_segments(_streaming_at_or_below(message_for(user, message_id)))
+
+
+def _with_segments(streaming: QuerySet[Message]) -> dict[str, int]:
+    """Each of the ``streaming`` answers with its number of segments: a Stop sent to one
+    ends the segment it streams then, and the same id streaming again is a new one."""
     counted = streaming.annotate(segment_count=Count("segments")).values_list("id", "segment_count")
     return {str(i): n for i, n in counted}
 
@@ -1160,23 +1165,27 @@ def delete_conversations(conversations: QuerySet[Conversation]) -> int:
     takes first: no answer starts in them meanwhile (its rows would outlive the delete,
     or fail it, and its log would outlast it). An answer found streaming under the locks
     that started after the stop is stopped in turn, and the delete tried again: its end
-    is written under the same lock, so it cannot be waited for while holding it. One
-    that was stopped and did not end (its process is gone) is deleted as it is. Returns
-    how many conversations this call deleted (a delete at the same moment may take some)."""
+    is written under the same lock, so it cannot be waited for while holding it; so is
+    one continued since it was stopped (a new segment of the same answer). One whose
+    segment was stopped and did not end (its process is gone or slow, or the Stop came
+    before its generation had started) is deleted as it is, and stopped once more
+    afterwards; its generation's next write to the deleted log ends it too
+    (``LogDeleted``). Returns how many conversations this call deleted (a delete at the
+    same moment may take some)."""
     chosen = list(conversations.values_list("pk", flat=True))
-    stopped: set[str] = set()
+    stopped: set[tuple[str, int]] = set()
     for _ in range(DELETE_ATTEMPTS):
         stopping = _streaming_in(chosen) - stopped
         if stopping:
-            call(stop_answers, sorted(stopping))
+            call(stop_answers, sorted({answer for answer, _ in stopping}))
             stopped |= stopping
         with transaction.atomic():
             locked = Conversation.objects.filter(pk__in=chosen).order_by("pk").select_for_update()
             owned = list(locked.values_list("pk", "owner_id"))
             ids = [pk for pk, _ in owned]
             messages = Message.objects.filter(conversation__in=ids)
-            # One stopped without a word (its process is gone, or slow) goes as it is.
-            if _streaming_in(ids) - stopped:
+            unended = _streaming_in(ids)
+            if unended - stopped:
                 continue
             message_ids = [str(i) for i in messages.values_list("id", flat=True)]
             _delete_rows_of(ids)
@@ -1188,6 +1197,8 @@ def delete_conversations(conversations: QuerySet[Conversation]) -> int:
                 _notify(owner_id, *events)
         if message_ids:
             call(_drop_logs, message_ids)
+        if unended:
+            call(stop_answers, sorted({answer for answer, _ in unended}), wait=0)
         return len(owned)
     raise Conflict("answers kept starting in this conversation while it was deleted; try again")
 
@@ -1205,9 +1216,10 @@ def _delete_rows_of(conversation_ids: list[Any]) -> None:
     statements.delete_rows(Message, "conversation", conversation_ids)
 
 
-def _streaming_in(conversation_ids: list[Any]) -> set[str]:
+def _streaming_in(conversation_ids: list[Any]) -> set[tuple[str, int]]:
+    """The answers streaming in the conversations, each with its segment (its count)."""
     running = Message.objects.filter(conversation__in=conversation_ids, status=Status.STREAMING)
-    return {str(i) for i in running.values_list("id", flat=True)}
+    return set(_with_segments(running).items())
 
 
 async def _drop_logs(message_ids: list[str]) -> None:

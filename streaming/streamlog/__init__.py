@@ -8,10 +8,12 @@ from __future__ import annotations
 from streaming.conf import build_backend, streaming_settings
 from streaming.streamlog.base import (
     Appended,
+    LogDeleted,
     LogLost,
     LogUnreachable,
     SeqConflict,
     StreamLog,
+    deleted_done,
     until_appended,
 )
 
@@ -24,10 +26,12 @@ def build_streamlog() -> StreamLog:
 
 __all__ = [
     "Appended",
+    "LogDeleted",
     "LogLost",
     "LogUnreachable",
     "SeqConflict",
     "StreamLog",
     "build_streamlog",
+    "deleted_done",
     "until_appended",
 ]

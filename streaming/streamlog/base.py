@@ -61,6 +61,14 @@ class LogLost(Exception):
         self.have = have
 
 
+class LogDeleted(Exception):
+    """The log was deleted (its conversation with it) within ``TOMBSTONE_SECONDS``: a
+    ``contiguous`` append adds nothing, and its writer, whose answer is gone, stops."""
+
+    def __init__(self, message_id: str) -> None:
+        super().__init__(f"the log of {message_id} was deleted with its conversation")
+
+
 class LogUnreachable(Exception):
     """The log could not be written for as long as its backend holds appends: what the
     writers are told, in the product's words (the client library's error names the
@@ -80,7 +88,8 @@ class StreamLog(abc.ABC):
         """Start adding ``events`` (seqs increasing, above the log's last: else
         ``SeqConflict``) and call ``appended`` once, later (never from within this call),
         with None or the error. When ``contiguous``, the log must hold seq
-        ``events[0]["seq"] - 1``: else ``LogLost``, and nothing is added. The appends of
+        ``events[0]["seq"] - 1``: else ``LogLost`` (``LogDeleted`` when the log was
+        deleted), and nothing is added. The appends of
         one message are applied in the order they were submitted. A ``done`` ends a
         segment: its append alone starts the log's expiry (kept ``STREAM_LOG_TTL``
         seconds for resumes, no call of its own); a later ``start`` (a Continue) makes

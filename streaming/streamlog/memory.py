@@ -17,6 +17,7 @@ from streaming.events import DONE, Event
 from streaming.streamlog.base import (
     TOMBSTONE_SECONDS,
     Appended,
+    LogDeleted,
     LogLost,
     SeqConflict,
     StreamLog,
@@ -71,7 +72,7 @@ class MemoryStreamLog(StreamLog):
         error: Exception | None = None
         try:
             self._add(message_id, events, contiguous)
-        except (LogLost, SeqConflict) as refused:
+        except (LogLost, LogDeleted, SeqConflict) as refused:
             error = refused
         asyncio.get_running_loop().call_soon(appended, error)
 
@@ -82,11 +83,14 @@ class MemoryStreamLog(StreamLog):
         self._add(message_id, events, contiguous)
 
     def _add(self, message_id: str, events: list[Event], contiguous: bool) -> None:
+        entry = self._entry(message_id)
+        last = entry.events[-1]["seq"] if entry is not None and entry.events else 0
+        if contiguous and events and last < events[0]["seq"] - 1:
+            if self._tombstones.get(message_id, 0.0) > time.time():
+                raise LogDeleted(message_id)
+            raise LogLost(message_id, last)
         entry = self._entry(message_id, create=True)
         assert entry is not None
-        last = entry.events[-1]["seq"] if entry.events else 0
-        if contiguous and events and last < events[0]["seq"] - 1:
-            raise LogLost(message_id, last)
         for event in events:
             if event["seq"] <= last:
                 raise SeqConflict(f"seq {event['seq']} <= {last} in {message_id}")

@@ -45,6 +45,7 @@ from streaming.redisclient import reconnecting
 from streaming.streamlog.base import (
     TOMBSTONE_SECONDS,
     Appended,
+    LogDeleted,
     LogLost,
     LogUnreachable,
     SeqConflict,
@@ -329,6 +330,14 @@ class RedisStreamLog(StreamLog):
         for members, appends, reply in zip(groups.values(), calls, replies, strict=True):
             for at, error in zip(members, _errors(appends, reply, retry), strict=True):
                 results[at] = error
+        lost = [at for at, error in enumerate(results) if isinstance(error, LogLost)]
+        if lost:  # rare: a log deleted, or a Redis that lost data
+            pipe = self._redis.pipeline(transaction=False)
+            for at in lost:
+                pipe.exists(tombstone_key(batch[at][0], self.key_groups))
+            for at, deleted in zip(lost, await pipe.execute(), strict=True):
+                if deleted:
+                    results[at] = LogDeleted(batch[at][0])
         return results
 
     def _script_args(self, group: int, appends: list[_Append]) -> list[bytes]:

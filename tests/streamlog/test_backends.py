@@ -12,7 +12,7 @@ import pytest
 
 from streaming import events
 from streaming.conf import streaming_settings
-from streaming.streamlog import LogLost, SeqConflict, StreamLog
+from streaming.streamlog import LogDeleted, LogLost, SeqConflict, StreamLog
 from streaming.streamlog.memory import MemoryStreamLog
 
 pytestmark = pytest.mark.asyncio
@@ -133,13 +133,26 @@ async def test_a_contiguous_append_is_refused_where_the_log_lost_its_tail(log: S
     assert results[1] is None
     assert await log.last_seq(lost) == 4
     assert [e["seq"] for e in await log.read(kept, 0)] == [1, 2, 3, 4, 5]
-    await log.delete(lost)
+    emptied = str(uuid.uuid4())  # as a Redis restarted empty holds it
     with pytest.raises(LogLost) as refused:
-        await log.append(lost, deltas(9, 1), contiguous=True)
+        await log.append(emptied, deltas(9, 1), contiguous=True)
     assert refused.value.have == 0
-    assert await log.read(lost, 0) == []
-    await log.append(lost, deltas(5, 5))  # what the writer still holds, then the rest
-    assert [e["seq"] for e in await log.read(lost, 0)] == [5, 6, 7, 8, 9]
+    assert await log.read(emptied, 0) == []
+    await log.append(emptied, deltas(5, 5))  # what the writer still holds, then the rest
+    assert [e["seq"] for e in await log.read(emptied, 0)] == [5, 6, 7, 8, 9]
+
+
+async def test_a_deleted_logs_writer_is_told_so_and_adds_nothing(log: StreamLog):
+    """A log deleted with its conversation refuses its writer's next append as deleted,
+    not lost: the writer stops rather than putting its events back (which made the log
+    again, with no expiry, under an answer no one can read)."""
+    mid = str(uuid.uuid4())
+    await log.append(mid, deltas(1, 3))
+    await log.delete(mid)
+    with pytest.raises(LogDeleted):
+        await log.append(mid, deltas(4, 2), contiguous=True)
+    assert await log.read(mid, 0) == []
+    assert await log.last_seq(mid) == 0
 
 
 async def test_submit_tells_each_append_later_and_a_writer_that_raises_stops_no_other(

@@ -502,6 +502,48 @@ async def test_a_cancel_never_cuts_an_event(answer: Answer, backend: str) -> Non
     assert after.reached.is_set() and run.engine.steps_run == 4, "ended in the next wait"
 
 
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "memory",
+        pytest.param(
+            "redis",
+            marks=pytest.mark.skipif(not REDIS_URL, reason="needs REDIS_URL"),
+        ),
+    ],
+)
+async def test_a_generation_whose_conversation_was_deleted_stops_at_its_next_write(
+    answer: Answer, backend: str
+) -> None:
+    """A conversation deleted under an answer whose Stop never reached it (sent before
+    its generation started, or to a process that missed it): the next write finds the
+    log deleted, and the generation stops its engine there, puts nothing back and writes
+    no record; its reader ends with the delete's ``done``."""
+    from streaming.models import Conversation
+
+    log = MemoryStreamLog() if backend == "memory" else redis_log()
+    paused, never = Gate(), Gate()
+    try:
+        run = await launch(
+            answer, [chunk("one "), paused, chunk("two "), never, chunk("three")], log=log
+        )
+        await asyncio.wait_for(paused.reached.wait(), HANG)
+        await asyncio.wait_for(run.generation.outbox.drain(), HANG)
+        await database.run(lambda: Conversation.objects.filter(id=answer.conversation_id).delete())
+        await log.delete(answer.message_id)
+        paused.open()
+        await asyncio.wait_for(run.generation.finished.wait(), HANG)
+        published = await asyncio.wait_for(run.reader, HANG)
+        assert await log.read(answer.message_id, 0) == [], "nothing put back"
+    finally:
+        await log.close()
+    assert never.reached.is_set() and run.engine.steps_run == 4, "stopped in the engine's wait"
+    termination = run.generation.termination
+    assert termination is not None
+    assert (termination.status, termination.error_type) == (Status.CANCELLED, "Deleted")
+    assert published[-1]["type"] == events.DONE and published[-1]["error_type"] == "Deleted"
+
+
 @pytest.mark.skipif(not REDIS_URL, reason="needs REDIS_URL")
 @pytest.mark.parametrize("lost_before", ["a delta", "the done"])
 async def test_a_log_that_lost_its_tail_gets_back_what_this_process_holds(

@@ -30,6 +30,7 @@ from streaming.reading import (
     wait_until_ended,
 )
 from streaming.registry import Generations
+from streaming.streamlog import deleted_done
 from streaming.streamlog.memory import MemoryStreamLog
 from streaming.termination import Status
 from tests.unit.scripted import create_answer
@@ -268,6 +269,16 @@ async def test_a_finished_message_whose_log_is_gone_is_read_from_its_record(
         await anext(frames)
     assert await parts.presence.count(finished.id) == 0
     assert parts.presence.idle.is_set()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_message_deleted_after_it_was_read_ends_its_reader_as_deleted(
+    parts: Parts,
+) -> None:
+    """Its record was read as the reader subscribed; its conversation was deleted before
+    its text was (no log to replay): the reader ends as the delete's followers do."""
+    gone = state(Status.COMPLETE.value, last_seq=9, termination=ENDED)  # no row any more
+    assert await frames_of(parts.subscribe(gone, 0)) == [[deleted_done(0)]]
 
 
 async def test_a_resume_of_a_finished_message_without_its_log(parts: Parts) -> None:

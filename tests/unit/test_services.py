@@ -7,6 +7,7 @@ database rows, the lookups, the error.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from django.contrib.auth.models import User
 
 from streaming import database, services
 from streaming.errors import Conflict, StopUnconfirmed
-from streaming.models import Message
+from streaming.models import Conversation, Message
 from streaming.termination import Status
 from tests.unit.scripted import add_segment, create_answer, load_message
 
@@ -99,3 +100,47 @@ async def test_a_branch_stop_is_not_unconfirmed_by_what_started_after_it(
 
     monkeypatch.setattr(services, "stop_answers", stop_then_another_write)
     await services.stop_branch(await owner_of(answer.user_id), answer.message_id)
+
+
+@pytest.mark.parametrize("meanwhile", ["a Continue", "nothing ends it"])
+async def test_a_delete_stops_what_streams_until_the_rows_go(
+    monkeypatch: pytest.MonkeyPatch, meanwhile: str
+) -> None:
+    """A Continue that lands between the delete's Stop and its locks is a new segment of
+    the stopped answer: stopped in turn before the rows go (it was deleted as it was, and
+    streamed on). One whose Stop no process confirms goes as it is, and is stopped once
+    more after: a Stop sent before its generation started reaches it then."""
+    answer = await create_answer("tests:services:a", content="Hel", last_seq=3)
+    stops: list[tuple[list[str], Any]] = []
+
+    async def stop(message_ids: list[str], **kwargs: Any) -> None:
+        stops.append((message_ids, kwargs.get("wait")))
+        if meanwhile == "nothing ends it":
+            return
+        await database.run(
+            lambda: Message.objects.filter(id=answer.message_id).update(status=Status.CANCELLED)
+        )
+        if len(stops) == 1:
+            await add_segment(answer.message_id, 1, 5, "tests:services:b")
+
+    async def drop_logs(message_ids: list[str]) -> None:
+        pass  # the logs are not what is asked here
+
+    loop = asyncio.get_running_loop()
+    monkeypatch.setattr(services, "stop_answers", stop)
+    monkeypatch.setattr(services, "_drop_logs", drop_logs)
+    monkeypatch.setattr(
+        services,
+        "call",
+        lambda fn, *args, **kwargs: asyncio.run_coroutine_threadsafe(
+            fn(*args, **kwargs), loop
+        ).result(),
+    )
+    chosen = Conversation.objects.filter(pk=answer.conversation_id)
+    assert await database.run(services.delete_conversations, chosen) == 1
+    assert not await database.run(Message.objects.filter(id=answer.message_id).exists)
+    mine = [answer.message_id]
+    if meanwhile == "a Continue":
+        assert stops == [(mine, None), (mine, None)]
+    else:
+        assert stops == [(mine, None), (mine, 0)]
