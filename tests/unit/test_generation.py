@@ -465,16 +465,16 @@ def redis_log() -> StreamLog:
     return RedisStreamLog(REDIS_URL, follow_block_ms=100)
 
 
-@pytest.mark.parametrize(
+on_each_log = pytest.mark.parametrize(
     "backend",
     [
         "memory",
-        pytest.param(
-            "redis",
-            marks=pytest.mark.skipif(not REDIS_URL, reason="needs REDIS_URL"),
-        ),
+        pytest.param("redis", marks=pytest.mark.skipif(not REDIS_URL, reason="needs REDIS_URL")),
     ],
 )
+
+
+@on_each_log
 async def test_a_cancel_never_cuts_an_event(answer: Answer, backend: str) -> None:
     """The cancel is scheduled by the engine as it hands over a chunk, so it lands while
     that chunk is on its way to the log: it stops the engine, and what was produced
@@ -502,16 +502,7 @@ async def test_a_cancel_never_cuts_an_event(answer: Answer, backend: str) -> Non
     assert after.reached.is_set() and run.engine.steps_run == 4, "ended in the next wait"
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "memory",
-        pytest.param(
-            "redis",
-            marks=pytest.mark.skipif(not REDIS_URL, reason="needs REDIS_URL"),
-        ),
-    ],
-)
+@on_each_log
 async def test_a_generation_whose_conversation_was_deleted_stops_at_its_next_write(
     answer: Answer, backend: str
 ) -> None:
