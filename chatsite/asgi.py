@@ -53,8 +53,11 @@ daphne.install_closing_sends()
 daphne.install_close_codes()
 # A connection's ASGI messages wait in two lists, not an asyncio.Queue's four deques.
 daphne.install_application_queues()
-# A request Twisted refuses (headers over 16 KiB, a line it cannot parse) is told why.
+# A request Twisted refuses (headers over 16 KiB, a line it cannot parse, a body over
+# MAX_REQUEST_BYTES) is told why, before its body is read.
 daphne.install_clear_refusals()
+# A connection is not read while its client leaves replies unread or its frames queue up.
+daphne.install_read_holds()
 # After the SIGTERM drain, every WebSocket is closed with 1001, then the server stops.
 get_runtime().lifecycle.on_drained.append(ws.close_sockets)
 # A user's revoked tokens (or a changed user) have their open WebSockets and HTTP

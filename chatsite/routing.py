@@ -7,11 +7,11 @@ endpoint takes Bearer tokens only, so it has no session (and needs no CSRF check
 from typing import Any
 
 from channels.sessions import SessionMiddlewareStack
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, re_path
 
 from streaming.api.openai import ChatCompletionsConsumer, ModelsConsumer
 from streaming.transports.sse import MessageStreamConsumer
-from streaming.transports.ws import ChatConsumer
+from streaming.transports.ws import ChatConsumer, no_such_socket
 
 http_urlpatterns = [
     path(
@@ -35,4 +35,5 @@ def message_post_urlpatterns(app: Any) -> list[URLPattern]:
 
 websocket_urlpatterns = [
     path("ws/chat/", ChatConsumer.as_asgi()),
+    re_path(r"", no_such_socket),  # type: ignore[arg-type]  # an ASGI app, as Channels routes
 ]

@@ -55,6 +55,15 @@ path costs besides:
   WebSocket's frames) to one reader. ``install_application_queues`` gives Daphne's server
   module an ``asyncio`` whose ``Queue`` is ``ApplicationQueue``: the same order and
   cancellation behaviour for what Daphne uses (``put_nowait`` and ``get``), in two lists.
+- **Reading held while a client does not keep up.** Twisted reads a connection for as
+  long as bytes arrive, whatever it still has to send it, and Daphne queues each
+  WebSocket frame for the application without a bound: a client that sends frames (or
+  pings, or pipelined requests) and never reads the replies grew the process by
+  hundreds of MB, without an account. ``install_read_holds`` stops reading a connection
+  while more than ``STREAM_SEND_BUFFER_LIMIT`` bytes wait to be sent to it, or more than
+  ``QUEUE_HOLD`` of its messages wait for the application, and reads it again once
+  half of that is left: TCP then holds the client back. What was read before the hold
+  is still handled (at most one read's worth), so a connection holds a bounded amount.
 - **Refusals that say why.** Twisted refuses a request whose headers are over its limits
   (16 KiB, 500 headers) or that it cannot parse before Daphne sees it: with a bare
   ``400`` and no body, or, for a single line over 16 KiB, by closing the connection
@@ -84,7 +93,9 @@ from types import ModuleType
 from typing import Any
 
 from streaming import metrics
+from streaming.conf import streaming_settings
 from streaming.errors import error_bytes
+from streaming.jsonbody import body_limit, too_large_detail
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +108,7 @@ CLOSING_SENDS = "closing_sends"
 CLOSE_CODES = "close_codes"
 APPLICATION_QUEUES = "application_queues"
 CLEAR_REFUSALS = "clear_refusals"
+READ_HOLDS = "read_holds"
 HOOKS = (
     SEND_BUFFER,
     WRITE_THROUGH,
@@ -107,6 +119,7 @@ HOOKS = (
     CLOSE_CODES,
     APPLICATION_QUEUES,
     CLEAR_REFUSALS,
+    READ_HOLDS,
 )
 # What each hook's absence costs, for the warning.
 WITHOUT = {
@@ -119,6 +132,7 @@ WITHOUT = {
     CLOSE_CODES: "a WebSocket cannot be closed with 1001 at shutdown (its client sees 1006)",
     APPLICATION_QUEUES: "every open connection holds an asyncio.Queue (3.2 KB)",
     CLEAR_REFUSALS: "a request Twisted cannot parse gets a bare 400, or no answer at all",
+    READ_HOLDS: "a client that sends without reading what it is sent grows the server's memory",
 }
 # Daphne's modules that name ``twisted.web.http`` as ``http``, and what they use of it.
 DAPHNE_HTTP_USERS = ("daphne.http_protocol", "daphne.server")
@@ -146,6 +160,13 @@ CHANNEL_ATTRIBUTES = (
 # What the hooks read or call on Twisted's TCP connections.
 TRANSPORT_ATTRIBUTES = ("dataBuffer", "offset", "_tempDataLen")
 SERVER_METHODS = ("write", "writeSequence", "writeSomeData")
+# What the read holds wrap on Twisted's TCP connections.
+READ_METHODS = ("doRead", "doWrite", "startReading", "stopReading")
+# Messages a connection's application queue holds before its socket is no longer read
+# (a WebSocket's frames not taken yet; the websockets library's ``max_queue``).
+QUEUE_HOLD = 16
+# Why a connection is not read from now.
+UNSENT, QUEUED = "unsent", "queued"
 
 _warned: set[str] = set()
 
@@ -494,6 +515,94 @@ def install_close_codes() -> bool:
     return True
 
 
+def _unsent(transport: Any) -> int:
+    """The bytes a Twisted TCP connection has queued and not sent yet (0 for another
+    kind of transport)."""
+    try:
+        return int(len(transport.dataBuffer) - transport.offset + transport._tempDataLen)
+    except (AttributeError, TypeError):
+        return 0
+
+
+def hold_reading(transport: Any, reason: str) -> None:
+    """Stop reading ``transport`` for ``reason`` (``UNSENT``, ``QUEUED``) until
+    ``release_reading``; it is read again once no reason holds it and its protocol
+    wants it read (its own pauses, Twisted's HTTP channel's, are kept meanwhile)."""
+    holds: set[str] | None = getattr(transport, "_read_holds", None)
+    if holds is None or reason in holds:
+        return  # not a held kind of connection, or held for this already
+    if not holds:
+        _stop_reading(transport)
+    holds.add(reason)
+
+
+def release_reading(transport: Any, reason: str) -> None:
+    holds: set[str] | None = getattr(transport, "_read_holds", None)
+    if not holds or reason not in holds:
+        return
+    holds.discard(reason)
+    if not holds and transport._wants_reading and transport.connected:
+        _start_reading(transport)
+
+
+_start_reading: Callable[[Any], None] = lambda transport: None  # noqa: E731
+_stop_reading: Callable[[Any], None] = lambda transport: None  # noqa: E731
+
+
+def install_read_holds() -> bool:
+    """Twisted's TCP server connections are not read while their client leaves too
+    much unread, or their application has too many of their messages waiting
+    (``hold_reading``); False (and reported) when they cannot be."""
+    global _start_reading, _stop_reading
+    if not check_server():
+        unavailable(READ_HOLDS, "the server check failed")
+        return False
+    from twisted.internet import tcp
+
+    server: Any = tcp.Server
+    if getattr(server, "read_holds", False):
+        return True
+    missing = [name for name in READ_METHODS if not hasattr(server, name)]
+    if missing:
+        unavailable(READ_HOLDS, f"tcp.Server lacks {', '.join(missing)}")
+        return False
+    _start_reading, _stop_reading = server.startReading, server.stopReading
+    read, wrote = server.doRead, server.doWrite
+
+    def startReading(self: Any) -> None:
+        self._wants_reading = True
+        if self._read_holds is None:
+            self._read_holds = set()  # its first start: as the connection is made
+        if not self._read_holds:
+            _start_reading(self)
+
+    def stopReading(self: Any) -> None:
+        self._wants_reading = False
+        _stop_reading(self)
+
+    def doRead(self: Any) -> Any:
+        if self._read_holds is not None and _unsent(self) > streaming_settings.SEND_BUFFER_LIMIT:
+            hold_reading(self, UNSENT)
+            return None
+        return read(self)
+
+    def doWrite(self: Any) -> Any:
+        result = wrote(self)
+        if self._read_holds and _unsent(self) <= streaming_settings.SEND_BUFFER_LIMIT // 2:
+            release_reading(self, UNSENT)
+        return result
+
+    server._read_holds = None  # a set once the connection starts reading
+    server._wants_reading = False
+    server.startReading = startReading
+    server.stopReading = stopReading
+    server.doRead = doRead
+    server.doWrite = doWrite
+    server.read_holds = True
+    metrics.SERVER_HOOKS.labels(hook=READ_HOLDS).set(1)
+    return True
+
+
 class ApplicationQueue:
     """One connection's ASGI messages, from Daphne (``put_nowait``) to the application
     (``await get()``), in arrival order.
@@ -504,14 +613,18 @@ class ApplicationQueue:
     else of ``asyncio.Queue`` is offered: Daphne uses nothing else, which
     ``install_application_queues`` checks in its modules' source."""
 
-    __slots__ = ("_getters", "_items")
+    __slots__ = ("_getters", "_items", "transport")
 
     def __init__(self) -> None:
         self._items: list[Any] = []
         self._getters: list[asyncio.Future[None]] = []
+        # A WebSocket's connection, not read while ``QUEUE_HOLD`` frames wait here.
+        self.transport: Any = None
 
     def put_nowait(self, item: Any) -> None:
         self._items.append(item)
+        if self.transport is not None and len(self._items) >= QUEUE_HOLD:
+            hold_reading(self.transport, QUEUED)
         self._wake_next()
 
     def _wake_next(self) -> None:
@@ -536,7 +649,10 @@ class ApplicationQueue:
                 if items and not getter.cancelled():
                     self._wake_next()  # woken, then cancelled: the message is another's
                 raise
-        return items.pop(0)
+        item = items.pop(0)
+        if self.transport is not None and len(items) <= QUEUE_HOLD // 2:
+            release_reading(self.transport, QUEUED)
+        return item
 
 
 class _AsyncioForDaphne(ModuleType):
@@ -571,11 +687,24 @@ def install_application_queues() -> bool:
             unavailable(APPLICATION_QUEUES, f"{user.__name__} uses {sorted(used)} of its queue")
             return False
     server.asyncio = _AsyncioForDaphne("asyncio")
+    create = server.Server.create_application
+
+    def create_application(self: Any, protocol: Any, scope: dict[str, Any]) -> Any:
+        queue = create(self, protocol, scope)
+        if isinstance(queue, ApplicationQueue) and scope.get("type") == "websocket":
+            queue.transport = getattr(protocol, "transport", None)
+        return queue
+
+    server.Server.create_application = create_application
     metrics.SERVER_HOOKS.labels(hook=APPLICATION_QUEUES).set(1)
     return True
 
 
-_REASONS = {400: b"Bad Request", 431: b"Request Header Fields Too Large"}
+_REASONS = {
+    400: b"Bad Request",
+    413: b"Content Too Large",
+    431: b"Request Header Fields Too Large",
+}
 
 
 def _refusal(status: int, code: str, message: str) -> bytes:
@@ -601,7 +730,16 @@ def install_clear_refusals() -> bool:
 
     An HTTP/1.1 request without a ``Host`` header is refused the same way (``400``, as
     RFC 9112 section 3.2 requires of a server): Twisted and Daphne served it, and Django
-    took the host from the listening address, so ``ALLOWED_HOSTS`` never saw it."""
+    took the host from the listening address, so ``ALLOWED_HOSTS`` never saw it.
+
+    A body over ``MAX_REQUEST_BYTES`` is refused (``413``) when its ``Content-Length``
+    says so, before a byte of it is read, or once a chunked one passes the limit:
+    Twisted wrote every body to a file, and Django copied it to another, before the
+    application could refuse it (a 400 MB post without credentials held 800 MB of disk
+    until its 401). And a pipelined request is not served while more than
+    ``STREAM_SEND_BUFFER_LIMIT`` of the responses before it wait to be read: the
+    connection is closed once those are sent (each such request added a response to
+    what the process holds for a client that reads none)."""
     if not check_server():
         unavailable(CLEAR_REFUSALS, "the server check failed")
         return False
@@ -637,11 +775,18 @@ def install_clear_refusals() -> bool:
 
     def allHeadersReceived(self: Any) -> None:
         request = self.requests[-1]
-        if self._version == b"HTTP/1.1" and not request.requestHeaders.hasHeader(b"host"):
+        limit = body_limit()
+        if _unsent(self.transport) > streaming_settings.SEND_BUFFER_LIMIT:
+            self._refused_request = True
+            self.loseConnection()  # once the responses before it are sent
+        elif self._version == b"HTTP/1.1" and not request.requestHeaders.hasHeader(b"host"):
             self._refused_request = True
             refuse(self, 400, "bad_request", "an HTTP/1.1 request names its host: no Host header")
-            return
-        headers_received(self)
+        elif limit and self.length is not None and self.length > limit:
+            self._refused_request = True
+            refuse(self, 413, "too_large", too_large_detail(limit))
+        else:
+            headers_received(self)
 
     def allContentReceived(self: Any) -> None:
         if getattr(self, "_refused_request", False):
@@ -656,6 +801,21 @@ def install_clear_refusals() -> bool:
             f"a line of the request is over {self.MAX_LENGTH} bytes",
         )
 
+    request: Any = http.Request
+    chunk_received = request.handleContentChunk
+
+    def handleContentChunk(self: Any, data: bytes) -> None:
+        limit = body_limit()
+        self._body_bytes = getattr(self, "_body_bytes", 0) + len(data)
+        if not limit or self._body_bytes <= limit:
+            chunk_received(self, data)
+            return
+        refused = self.channel
+        if refused is not None and not getattr(refused, "_refused_request", False):
+            refused._refused_request = True
+            refuse(refused, 413, "too_large", too_large_detail(limit))
+
+    request.handleContentChunk = handleContentChunk
     channel._respondToBadRequestAndDisconnect = _respondToBadRequestAndDisconnect
     channel.lineLengthExceeded = lineLengthExceeded
     channel.allHeadersReceived = allHeadersReceived

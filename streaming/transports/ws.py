@@ -631,6 +631,14 @@ class ChatConsumer(LoopWebsocketConsumer):
         await self.send(text_data=events.encode(payload).decode())
 
 
+async def no_such_socket(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A WebSocket handshake to a path that serves none: refused before it is accepted
+    (Daphne answers ``403``), where the router's missing route was a ``500`` and a
+    traceback in the log for every try."""
+    if (await receive())["type"] == "websocket.connect":
+        await send({"type": "websocket.close"})
+
+
 def _keyed(frame: dict[str, Any]) -> dict[str, Any]:
     """A frame's ``idempotency_key``, for the services that take one (checked there)."""
     return {"idempotency_key": frame.get("idempotency_key"), "idempotency_field": "idempotency_key"}

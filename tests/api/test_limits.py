@@ -3,6 +3,8 @@ that are too large (413) or not UTF-8 (400), all in the one error shape."""
 
 from __future__ import annotations
 
+import json
+import socket
 import uuid
 
 import httpx
@@ -90,3 +92,20 @@ def test_unknown_api_urls_and_methods_answer_the_error_shape(daphne, account):
         assert_error(api.get("/v1/nothing"), 404, "not_found")
         assert_error(api.delete("/api/conversations/"), 405, "method_not_allowed")
         assert_error(api.post("/v1/models"), 405, "method_not_allowed")
+
+
+def test_a_body_declared_too_large_is_refused_before_it_is_sent(daphne):
+    """No credentials, a Content-Length of 400 MB and no byte of the body: the answer
+    comes at once (the whole body was written to disk twice before the refusal)."""
+    server = daphne()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 400000000\r\n\r\n"
+        )
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 "), head
+    assert json.loads(body)["error"]["code"] == "too_large"

@@ -367,3 +367,13 @@ async def test_frame_fields_of_the_wrong_type_are_refused_naming_the_field(daphn
         assert created["type"] == "message.created" and created["ref"] == "ok"
         await ws.send(json.dumps({"type": "ping", "ref": "still-open"}))
         assert await next_reply(ws) == {"type": "pong", "ref": "still-open"}
+
+
+async def test_a_handshake_to_a_path_with_no_socket_is_refused_not_a_500(daphne):
+    server = daphne()
+    for path in ("/ws/other/", "/api/conversations/", "/"):
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(f"{server.ws_url}{path}", open_timeout=10):
+                pass
+        assert refused.value.response.status_code == 403, path
+    assert "No route found" not in server.log_text()

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.test import override_settings
 from prometheus_client import REGISTRY
 from twisted.internet import tcp
 from twisted.internet.protocol import Protocol
@@ -33,10 +34,13 @@ ROOT = Path(__file__).resolve().parents[2]
 class RecordingReactor:
     def __init__(self) -> None:
         self.writers: set[object] = set()
+        self.readers: set[object] = set()
 
-    def addReader(self, fd: object) -> None: ...  # Twisted names these
+    def addReader(self, fd: object) -> None:  # Twisted names these
+        self.readers.add(fd)
 
-    def removeReader(self, fd: object) -> None: ...
+    def removeReader(self, fd: object) -> None:
+        self.readers.discard(fd)
 
     def addWriter(self, fd: object) -> None:
         self.writers.add(fd)
@@ -50,6 +54,7 @@ class RecordingReactor:
 @pytest.fixture
 def pair() -> Iterator[tuple[tcp.Server, socket.socket, RecordingReactor]]:
     assert daphne.install_write_through()
+    assert daphne.install_read_holds()
     ours, peer = socket.socketpair()
     ours.setblocking(False)
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
@@ -102,6 +107,65 @@ def test_what_the_socket_does_not_take_is_queued_in_order(pair) -> None:
     connection.write(b"tail")
     assert reactor.writers == set()
     assert receive(peer, 4) == b"tail"
+
+
+class Received(Protocol):
+    def __init__(self) -> None:
+        self.got: list[bytes] = []
+
+    def dataReceived(self, data: bytes) -> None:
+        self.got.append(data)
+
+
+def test_a_connection_is_not_read_while_its_client_leaves_too_much_unread(pair) -> None:
+    """A client that sends and does not read what it is sent: once more than the send
+    buffer's limit waits for it, the connection is not read (TCP holds the client back),
+    and it is read again once the client has taken half of that."""
+    connection, peer, reactor = pair
+    protocol = Received()
+    connection.protocol = protocol
+    connection.startReading()  # as Twisted's port does with a connection it accepted
+    with override_settings(STREAMING={"SEND_BUFFER_LIMIT": 20_000}):
+        connection.write(b"x" * 200_000)
+        peer.sendall(b"one frame")
+        connection.doRead()
+        assert protocol.got == [] and reactor.readers == set()
+        connection.doRead()  # a read the reactor had queued still reads nothing
+        assert protocol.got == []
+        # The protocol's own pause and resume meanwhile leave the hold as it is.
+        connection.stopReading()
+        connection.startReading()
+        assert reactor.readers == set()
+        taken = 0
+        while daphne._unsent(connection) > 10_000:
+            taken += len(peer.recv(65536))
+            connection.doWrite()
+        assert reactor.readers == {connection}
+        connection.doRead()
+        assert protocol.got == [b"one frame"]
+        # A protocol that paused itself stays paused when the hold ends.
+        connection.write(b"x" * 200_000)
+        peer.sendall(b"two")
+        connection.doRead()
+        connection.stopReading()
+        while daphne._unsent(connection) > 10_000:
+            peer.recv(65536)
+            connection.doWrite()
+        assert reactor.readers == set()
+    assert hook_gauge(daphne.READ_HOLDS) == 1
+
+
+def test_a_websocket_is_not_read_while_its_frames_wait_for_the_application(pair) -> None:
+    connection, _peer, reactor = pair
+    connection.startReading()
+    queue = daphne.ApplicationQueue()
+    queue.transport = connection
+    for i in range(daphne.QUEUE_HOLD):
+        queue.put_nowait(i)
+    assert reactor.readers == set()
+    taken = [asyncio.run(queue.get()) for _ in range(daphne.QUEUE_HOLD // 2)]
+    assert taken == list(range(daphne.QUEUE_HOLD // 2))
+    assert reactor.readers == {connection}
 
 
 def hook_gauge(hook: str) -> float | None:
@@ -261,6 +325,13 @@ def answer_to(raw: bytes) -> tuple[bytes, dict[str, object], bool]:
         (b"GET / HTTP/1.1\r\n\r\n", 400, "bad_request"),
         (b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", 400, "bad_request"),
         (b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400, "bad_request"),
+        (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1048577\r\n\r\n", 413, "too_large"),
+        (
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + (b"ffff\r\n" + b"a" * 0xFFFF + b"\r\n") * 17,  # 17 chunks: over 1 MiB
+            413,
+            "too_large",
+        ),
     ],
 )
 def test_a_request_twisted_refuses_is_told_why(raw: bytes, status: int, code: str) -> None:
@@ -274,6 +345,31 @@ def test_a_request_twisted_refuses_is_told_why(raw: bytes, status: int, code: st
     assert error["message"]
     assert closing
     assert hook_gauge(daphne.CLEAR_REFUSALS) == 1
+
+
+def test_a_request_behind_unread_responses_closes_the_connection() -> None:
+    """A request arriving while more than the send buffer's limit of the responses
+    before it wait to be read (a client that pipelines and reads nothing) is not
+    served: the connection closes once those are sent."""
+    from twisted.internet.testing import StringTransport
+    from twisted.web import http
+
+    assert daphne.install_clear_refusals()
+    transport = StringTransport()
+    transport.dataBuffer, transport.offset, transport._tempDataLen = b"x" * 100_000, 0, 0
+    channel = http.HTTPChannel()
+    channel.makeConnection(transport)
+    served: list[http.Request] = []
+
+    class Served(http.Request):
+        def process(self) -> None:
+            served.append(self)
+
+    channel.requestFactory = Served
+    with override_settings(STREAMING={"SEND_BUFFER_LIMIT": 65_536}):
+        channel.dataReceived(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert served == [] and transport.value() == b"" and transport.disconnecting
+    channel.connectionLost(None)
 
 
 def test_daphne_replies_through_twisteds_http_module_not_its_deprecation_proxy() -> None:
