@@ -258,14 +258,19 @@ class Subscription:
             if self.state.final:
                 source = self._finished()
             else:
+                idle = ping_interval or streaming_settings.PING_INTERVAL
                 source = self.hub.read(
-                    message_id, self.cursor, idle_timeout=ping_interval, settled=self.ends_after
+                    message_id, self.cursor, idle_timeout=idle, settled=self.ends_after
                 )
             pacing = Pacing(streaming_settings.MIN_WRITE_INTERVAL)
             async for batch in source:
                 if batch is None:
-                    yield None
-                    continue
+                    unheard = await self._ended_unheard()
+                    if unheard is None:
+                        if ping_interval:
+                            yield None
+                        continue
+                    batch = unheard
                 if beyond:
                     continue  # nothing from past a cursor no reader was given; then closed
                 batch = [e for e in batch if e["seq"] > self.cursor]
@@ -306,6 +311,27 @@ class Subscription:
             self.attached = None
             if not self.handed_over:
                 await self.presence.detach(message_id, shared=shared, ended=ended)
+
+    async def _ended_unheard(self) -> list[events.Event] | None:
+        """The end of an answer whose ``done`` did not come, as its record tells it,
+        asked when nothing came for a while; None while the record says it streams.
+
+        The record is written before the ``done`` is appended, and a ``done`` can fail to
+        reach the log after it: its process killed in between, Redis away for longer than
+        appends are held, or a log restarted empty under a reader holding seqs past the
+        one the reaper's ``done`` took. A reader that only followed the log waited for
+        ever (its keep-alives kept the connection, so it never reconnected to be told).
+        Its ``done`` is the record's, after whatever this reader was sent."""
+        try:
+            record = await database.run(_record, self.state.id)
+        except Exception:
+            return None  # the database cannot say now: keep following the log
+        if record is None:
+            return [deleted_done(self.cursor)]
+        status, last_seq, termination = record
+        if status not in FINAL_STATUSES:
+            return None
+        return [events.done(max(last_seq, self.cursor + 1), segment=-1, termination=termination)]
 
     async def _beyond_the_end(self) -> bool:
         """Whether a live message's cursor is past every event it has: a seq no reader
@@ -457,6 +483,12 @@ MISSING_CODES = ("resume_unavailable", "resume_gap")
 
 def _says_missing(event: events.Event) -> bool:
     return event["type"] == events.ERROR and event["error"].get("code") in MISSING_CODES
+
+
+def _record(message_id: str) -> tuple[str, int, dict[str, Any]] | None:
+    """The message's status, last seq and termination record; None once it is deleted."""
+    record = Message.objects.values_list("status", "last_seq", "termination").filter(id=message_id)
+    return next(iter(record), None)
 
 
 def _persisted(message_id: str) -> tuple[str, str, int] | None:

@@ -12,10 +12,11 @@ import pytest
 from django.test import override_settings
 from prometheus_client import REGISTRY
 
-from streaming import events
+from streaming import database, events
 from streaming.control.memory import MemoryControl
 from streaming.errors import InvalidCursor, describe
 from streaming.hub import Hub
+from streaming.models import Message
 from streaming.presence.memory import MemoryPresence
 from streaming.reading import (
     FRAME_BURST,
@@ -169,11 +170,14 @@ def parts() -> Iterator[Parts]:
         yield Parts()
 
 
-async def frames_of(subscription: Subscription) -> list[list[events.Event]]:
+async def frames_of(
+    subscription: Subscription, ping_interval: float | None = None
+) -> list[list[events.Event]]:
+    """The frames a reader is given, keep-alives left out."""
     got: list[list[events.Event]] = []
-    async for frame in subscription.frames(None):
-        assert frame is not None
-        got.append(frame)
+    async for frame in subscription.frames(ping_interval):
+        if frame is not None:
+            got.append(frame)
     return got
 
 
@@ -579,3 +583,32 @@ def test_pacing_gives_a_fast_stream_one_frame_per_interval() -> None:
         pacing.wrote(held_until)
         frames += 1
     assert 50 <= frames <= 1.0 / 0.02 + FRAME_BURST
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("ping_interval", [0.05, None])
+@pytest.mark.parametrize(("logged", "done_seq"), [(4, 5), (7, 8)])
+async def test_a_reader_whose_done_never_comes_ends_as_the_record_says(
+    parts: Parts, ping_interval: float | None, logged: int, done_seq: int
+) -> None:
+    """The record is final and its ``done`` never reached the log (the process killed
+    between the two, or Redis away for too long, or a log restarted empty under this
+    reader): once nothing came for a keep-alive's interval, the reader ends with the
+    record's ``done``, after whatever it was sent (a WebSocket's reader, which gets no
+    keep-alives of its own, as well)."""
+    answer = await create_answer("tests:reading:unheard", content="abc", last_seq=5)
+    await database.run(
+        lambda: Message.objects.filter(id=answer.message_id).update(
+            status=Status.COMPLETE.value, termination=ENDED
+        )
+    )
+    live = state()
+    live.id = answer.message_id
+    await parts.log.append(live.id, opening(live.id))
+    await parts.log.append(live.id, [events.delta(seq, "x") for seq in range(5, logged + 1)])
+    with override_settings(STREAMING={"MIN_WRITE_INTERVAL": 0, "PING_INTERVAL": 0.05}):
+        got = [
+            e for frame in await frames_of(parts.subscribe(live, 0), ping_interval) for e in frame
+        ]
+    assert [e["seq"] for e in got][-1] == done_seq
+    assert got[-1]["type"] == events.DONE and got[-1]["status"] == ENDED["status"]
