@@ -144,6 +144,8 @@ class Generation:
         self._over = False
         self.termination: Termination | None = None
         self.task: asyncio.Task[None] | None = None
+        # The failure the run already ended with (``_fail``), told once.
+        self._failure: Exception | None = None
         self._finalizing = False
         self._waiting_for_engine = False
         self._engine_wait_since = 0.0
@@ -408,6 +410,7 @@ class Generation:
         deleted with its conversation ends the answer as its delete's Stop would have
         (one that came before this generation started, or that its process missed): it
         has no record left to write, nor a log to tell."""
+        self._failure = exc
         if isinstance(exc, LogDeleted):
             log.info("generation stopped: its conversation was deleted")
             termination.status = Status.CANCELLED.value
@@ -547,6 +550,13 @@ class Generation:
         # text is what the log holds (short of it only if the log refused a write).
         with contextlib.suppress(Exception):
             await self.outbox.drain()
+        refused = self.outbox.error
+        if isinstance(refused, Exception) and refused is not self._failure:
+            # The engine was done before the log refused its tail: the record says so,
+            # not that the answer ended as the engine did, short of what it sent.
+            await self._fail(termination, refused)
+        if isinstance(refused, LogUnreachable):
+            await self._read_back()
         text = self.text
         content = plan.base_text + text
         termination.inspect_text(content)
@@ -584,6 +594,19 @@ class Generation:
             self._over = True
             if self._finished is not None:
                 self._finished.set()
+
+    async def _read_back(self) -> None:
+        """What the log holds of the batches whose appends were given up: one sent may
+        have been applied, its answer lost, and readers elsewhere had it then. Those
+        events are the answer's as much as the ones the log confirmed (the record and a
+        Continue go on from them); a log that cannot be read now leaves them out."""
+        try:
+            held = await self.backends.log.read(self.message_id, self._logged_seq)
+        except Exception:
+            return
+        held = [event for event in held if event["seq"] <= self.outbox.seq]
+        if held and held[0]["seq"] == self._logged_seq + 1:
+            self._written(held)
 
     async def _persist_final(
         self, content: str, reasoning: str, done_seq: int, termination: Termination
@@ -670,6 +693,12 @@ async def end_log(stream_log: StreamLog, hub: Hub, message_id: str, done: events
         hub.publish(message_id, [done])
     except SeqConflict:
         log.warning("the log of %s already had a later event than its done", message_id)
+    except (LogUnreachable, LogDeleted):
+        # Given up after the log's own hold: the record is final, and readers waiting
+        # for this ``done`` read it from there (``Subscription``).
+        log.warning(
+            "the done of %s could not be appended; its readers end from its record", message_id
+        )
 
 
 def _storable_error(exc: EngineError) -> EngineError:

@@ -32,6 +32,10 @@ from streaming.presence import Presence
 from streaming.reaper import Reaper
 from streaming.registry import Generations
 
+# How long interrupted generations get to write their ends at shutdown (their records and
+# ``done``s; seconds) before the process stops without them.
+INTERRUPT_WAIT = 5.0
+
 log = logging.getLogger(__name__)
 
 
@@ -168,7 +172,12 @@ class Lifecycle:
             stop()
 
     async def drain(self, deadline: float) -> None:
-        """Let running generations finish up to ``deadline`` s, then interrupt the rest."""
+        """Let running generations finish up to ``deadline`` s, then interrupt the rest,
+        and give them ``INTERRUPT_WAIT`` s to write their ends. One that cannot (its
+        record waits on a database that cannot be reached, for as long as that lasts)
+        is left to another process's reaper, as a crashed process's answers are: the
+        process stopped only once the database was back, heartbeating meanwhile, so no
+        reaper took its answers over and their readers waited the whole time."""
         running = [g.finished.wait() for g in self.generations]
         if running:
             with contextlib.suppress(TimeoutError):
@@ -178,6 +187,11 @@ class Lifecycle:
         for generation in left:
             generation.cancel("interrupted")
         if left:
-            await asyncio.gather(*(g.finished.wait() for g in left))
+            try:
+                async with asyncio.timeout(INTERRUPT_WAIT):
+                    await asyncio.gather(*(g.finished.wait() for g in left))
+            except TimeoutError:
+                unended = len(self.generations)
+                log.warning("stopping with answers not ended (%d): a reaper ends them", unended)
         with contextlib.suppress(Exception):
             await self.presence.leave()

@@ -13,7 +13,12 @@ Writes are sequential: the log holds events in the order they were added. A batc
 handed to ``published`` (the hub, and the generation's own record of what is written)
 only after the log accepted it, so no reader ever sees an event the log does not hold.
 A failed write is kept as ``error``: nothing more is written (the events after it would
-leave a hole), ``failed`` is told at once, and ``drain`` raises it.
+leave a hole), ``failed`` is told at once, and ``drain`` raises it. Its seqs stay taken:
+a write that failed once it was sent may be in the log all the same (Redis took it, and
+its answer was lost), so whatever comes after it (the segment's ``done``) is numbered
+after it; a log that lacks it has a gap there, which its readers are told of. Reusing
+them put the ``done`` on a seq the log held as a delta, where the retry of its append
+took it for written.
 
 No task runs here: a write is started from a loop callback (the next turn of the loop,
 so the events of one turn go out together, or the end of the window) and the log calls
@@ -115,13 +120,13 @@ class Outbox:
             self._write(batch, self._written)
         except Exception as exc:  # refused before it started: as if the log had failed it
             self._written(exc)
+            self.seq = batch[0]["seq"] - 1  # but it never reached the log
 
     def _written(self, error: BaseException | None) -> None:
         batch = self._writing
         assert batch is not None
         self._writing = None
         if error is not None:
-            self.seq = batch[0]["seq"] - 1
             self.error = error
             self._pending = []
             self._resolve_drained()

@@ -8,6 +8,7 @@ the stored message catches up and matches what the reader got.
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import httpx
 import pytest
@@ -353,3 +354,38 @@ async def test_a_post_waiting_on_a_lock_leaves_no_backend_behind(daphne, account
         assert waiting == 0, "no backend still waits on the lock for a call given up"
         made = await client.post(url, json={"content": "hi"}, headers=auth(account.token))
         assert made.status_code == 201, made.text
+
+
+async def test_a_shutdown_while_the_database_is_away_stops_all_the_same(
+    postgres_proxy, daphne, account
+):
+    """SIGTERM while an answer streams and PostgreSQL cannot be reached: the answer is
+    interrupted at the drain's deadline and its record cannot be written, so the process
+    stops without it (another process's reaper ends it, as a crashed one's). It stayed
+    up, heartbeating, for as long as the database was away."""
+    server = daphne(
+        DATABASE_URL=f"{through(postgres_proxy.port)}?connect_timeout=2",
+        DATABASE_POOL_TIMEOUT="2",
+        STREAM_SHUTDOWN_DEADLINE="1",
+    )
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        message = await post_message(
+            client, account.token, conversation, "hi",
+            simulation={"length": 5000, "tokens_per_second": 20, "ttft_ms": 0},
+        )  # fmt: skip
+        reader = Reader(client, account.token, message["id"])
+        task = asyncio.create_task(reader.run())
+        try:
+            async with asyncio.timeout(30):
+                await reader.seen(1).wait()
+            postgres_proxy.cut()
+            assert server.proc is not None
+            server.proc.send_signal(signal.SIGTERM)
+            # Bounded by the drain, not by the outage (which lasts past the test's wait).
+            code = await asyncio.to_thread(server.proc.wait, 60)
+        finally:
+            task.cancel()
+            postgres_proxy.restore()
+    assert code == 0
+    assert "stopping with answers not ended (1)" in server.log_text()

@@ -33,7 +33,7 @@ from streaming.hub import TAIL_EVENTS, Hub
 from streaming.models import Segment
 from streaming.presence.memory import MemoryPresence
 from streaming.registry import Generations
-from streaming.streamlog import Appended, StreamLog
+from streaming.streamlog import Appended, LogUnreachable, StreamLog
 from streaming.streamlog.memory import MemoryStreamLog
 from streaming.termination import Status
 from tests.unit.scripted import (
@@ -891,3 +891,55 @@ async def test_local_readers_get_the_done_of_whoever_finalised_the_segment(
     await asyncio.wait_for(reader, HANG)
     run.reader.cancel()
     assert got and got[-1]["type"] == events.DONE, [e["type"] for e in got]
+
+
+class LostAnswerLog(MemoryStreamLog):
+    """A log whose second append is taken, and answered as failed (``LogUnreachable``):
+    Redis applied it, and its reply never came back before the log gave up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.appends = 0
+
+    def submit(
+        self,
+        message_id: str,
+        batch: list[events.Event],
+        appended: Appended,
+        *,
+        contiguous: bool = False,
+    ) -> None:
+        self.appends += 1
+        if self.appends != 2:
+            super().submit(message_id, batch, appended, contiguous=contiguous)
+            return
+
+        def lost(error: BaseException | None) -> None:
+            appended(LogUnreachable("the event log could not be reached for 60 s"))
+
+        super().submit(message_id, batch, lost, contiguous=contiguous)
+
+
+async def test_a_write_whose_answer_was_lost_is_read_back_and_the_done_goes_after_it(
+    answer: Answer,
+) -> None:
+    """The log took a batch and the writer was told it failed: the answer ends as an
+    error in the log's words (not as the engine ended it), the text the log holds is
+    the record's, and the ``done`` comes after that batch (it took the batch's seq, and
+    its append's retry took it for written: readers never got a ``done``)."""
+    log = LostAnswerLog()
+    first = Gate()
+    run = await launch(answer, [chunk("one "), first, chunk("two "), chunk("three")], log=log)
+    await asyncio.wait_for(first.reached.wait(), HANG)
+    await asyncio.wait_for(run.generation.outbox.drain(), HANG)
+    first.open()
+    await asyncio.wait_for(run.generation.finished.wait(), HANG)
+    logged = await log.read(run.message_id, 0)
+    assert [e["type"] for e in logged][-1] == events.DONE
+    assert [e["seq"] for e in logged] == list(range(1, len(logged) + 1)), "contiguous"
+    done = logged[-1]
+    assert (done["status"], done["error_type"]) == (Status.ERROR, "InternalError")
+    assert "could not be reached" in done["error_message"]
+    message = await load_message(run.message_id)
+    assert message.content == "".join(texts(logged)) == "one two three"
+    assert message.last_seq == done["seq"]
