@@ -218,6 +218,10 @@ class Reaper:
                 f"; events {stored + 1}-{logged[0]['seq'] - 1} were lost from the event log, "
                 "so text is missing there"
             )
+        elif not logged and stored and await self.log.last_seq(orphan.message_id) < stored:
+            # The log holds less than the stored copy reaches: it lost its events (Redis
+            # restarted empty), and with them any that came after the copy.
+            why += f"; the event log lost its events, so text after event {stored} may be missing"
         termination = Termination(
             status=Status.INTERRUPTED.value,
             completion_tokens=orphan.completion_tokens,

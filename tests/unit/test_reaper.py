@@ -237,6 +237,8 @@ async def test_without_a_log_what_was_flushed_is_kept() -> None:
     )
     [done] = await reaper.log.read(answer.message_id)
     assert (done["seq"], done["type"]) == (8, events.DONE)
+    # What came after the stored copy, if anything, went with the log: the record says so.
+    assert "text after event 7 may be missing" in message.termination["error_message"]
 
 
 # A database call's wait so short that a segment written by a test is old enough to count.
