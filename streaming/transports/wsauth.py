@@ -25,10 +25,14 @@ from streaming.transports.hosts import allowed_host
 
 
 def origin_allowed(origin: str, scope: dict[str, Any]) -> bool:
+    """Whether ``origin`` is the site's own or a trusted one. Only an origin as browsers
+    serialise it counts (RFC 6454: a lowercase scheme and host, no path, no userinfo):
+    nothing else comes from a browser, whose script is what the check is for."""
     parts = urlsplit(origin)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return False
-    origin = f"{parts.scheme}://{parts.netloc}".lower()
+    if origin != f"{parts.scheme}://{parts.netloc}".lower() or "@" in parts.netloc:
+        return False
     for trusted in settings.CSRF_TRUSTED_ORIGINS:
         allowed = urlsplit(trusted)
         if allowed.scheme != parts.scheme:

@@ -52,13 +52,26 @@ async def test_a_handshake_whose_cookie_cannot_count_skips_the_session(
     assert "session" not in inner.scopes[0]
 
 
-async def test_a_foreign_origin_is_refused_before_any_session() -> None:
+@pytest.mark.parametrize(
+    "origin",
+    [
+        b"https://evil.example",
+        # The site's own host, but not as a browser sends an origin.
+        b"http://localhost/",
+        b"http://localhost/path",
+        b"HTTP://localhost",
+        b"http://LOCALHOST",
+        b"http://user@localhost",
+    ],
+)
+async def test_a_foreign_origin_is_refused_before_any_session(settings: Any, origin: bytes) -> None:
+    settings.ALLOWED_HOSTS = ["localhost"]
     inner, sent = Recorder(), []
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = handshake((b"cookie", b"sessionid=xyz"), (b"origin", b"https://evil.example"))
+    scope = handshake((b"cookie", b"sessionid=xyz"), (b"origin", origin))
     await WebSocketAuthMiddleware(inner)(scope, connect_message, send)
     assert inner.scopes == []
     assert sent == [{"type": "websocket.close", "code": 4403}]
