@@ -92,6 +92,8 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any
 
+from django.conf import settings
+
 from streaming import metrics
 from streaming.conf import streaming_settings
 from streaming.errors import error_bytes
@@ -151,6 +153,9 @@ CHANNEL_ATTRIBUTES = (
     "_respondToBadRequestAndDisconnect",
     "allHeadersReceived",
     "allContentReceived",
+    "lineReceived",
+    "connectionLost",
+    "callLater",
     "lineLengthExceeded",
     "loseConnection",
     "maxHeaders",
@@ -702,6 +707,7 @@ def install_application_queues() -> bool:
 
 _REASONS = {
     400: b"Bad Request",
+    408: b"Request Timeout",
     413: b"Content Too Large",
     431: b"Request Header Fields Too Large",
 }
@@ -772,6 +778,34 @@ def install_clear_refusals() -> bool:
 
     headers_received = channel.allHeadersReceived
     content_received = channel.allContentReceived
+    line_received = channel.lineReceived
+    connection_lost = channel.connectionLost
+
+    def _late(self: Any) -> None:
+        self._request_deadline = None
+        self._refused_request = True
+        late = settings.HTTP_REQUEST_TIMEOUT
+        refuse(self, 408, "request_timeout", f"the request did not arrive whole within {late:g} s")
+
+    def _stop_deadline(self: Any) -> None:
+        deadline = getattr(self, "_request_deadline", None)
+        if deadline is not None:
+            self._request_deadline = None
+            if deadline.active():
+                deadline.cancel()
+
+    def lineReceived(self: Any, line: bytes) -> None:
+        # A request's first line starts its clock (a line between requests is its own).
+        idle = not getattr(self, "_handlingRequest", False)
+        if getattr(self, "_request_deadline", None) is None and idle:
+            seconds = settings.HTTP_REQUEST_TIMEOUT
+            if seconds:
+                self._request_deadline = self.callLater(seconds, functools.partial(_late, self))
+        line_received(self, line)
+
+    def connectionLost(self: Any, reason: Any) -> None:
+        _stop_deadline(self)
+        connection_lost(self, reason)
 
     def allHeadersReceived(self: Any) -> None:
         request = self.requests[-1]
@@ -789,6 +823,7 @@ def install_clear_refusals() -> bool:
             headers_received(self)
 
     def allContentReceived(self: Any) -> None:
+        _stop_deadline(self)
         if getattr(self, "_refused_request", False):
             return  # refused when its headers ended; the connection is closing
         content_received(self)
@@ -820,6 +855,17 @@ def install_clear_refusals() -> bool:
     channel.lineLengthExceeded = lineLengthExceeded
     channel.allHeadersReceived = allHeadersReceived
     channel.allContentReceived = allContentReceived
+    channel.lineReceived = lineReceived
+    channel.connectionLost = connectionLost
+    factory: Any = http.HTTPFactory
+    made = factory.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        if settings.HTTP_IDLE_TIMEOUT:
+            self.timeOut = settings.HTTP_IDLE_TIMEOUT
+
+    factory.__init__ = __init__
     channel.clear_refusals = True
     metrics.SERVER_HOOKS.labels(hook=CLEAR_REFUSALS).set(1)
     return True

@@ -109,3 +109,17 @@ def test_a_body_declared_too_large_is_refused_before_it_is_sent(daphne):
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413 "), head
     assert json.loads(body)["error"]["code"] == "too_large"
+
+
+def test_a_request_trickled_in_is_refused_once_its_time_is_up(daphne):
+    """Headers sent a byte at a time (each byte put Twisted's idle clock back, so the
+    connection was held for ever): a 408 once ``HTTP_REQUEST_TIMEOUT`` has passed."""
+    server = daphne(HTTP_REQUEST_TIMEOUT="1")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"GET /api/conversations/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), head
+    assert json.loads(body)["error"]["code"] == "request_timeout"

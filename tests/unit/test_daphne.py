@@ -347,6 +347,51 @@ def test_a_request_twisted_refuses_is_told_why(raw: bytes, status: int, code: st
     assert hook_gauge(daphne.CLEAR_REFUSALS) == 1
 
 
+def test_a_request_that_does_not_arrive_whole_in_time_is_told_so() -> None:
+    """A client that trickles its request (headers or body, a byte at a time: each byte
+    put Twisted's idle clock back) gets a 408 once ``HTTP_REQUEST_TIMEOUT`` has passed
+    since its first line; one that arrived whole in time is served."""
+    from twisted.internet.task import Clock
+    from twisted.internet.testing import StringTransport
+    from twisted.web import http
+
+    assert daphne.install_clear_refusals()
+    served: list[http.Request] = []
+
+    class Served(http.Request):
+        def process(self) -> None:
+            served.append(self)
+
+    for raw, late in (
+        (b"GET / HTTP/1.1\r\nHost: h\r\nX-Slow: a", True),
+        (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n{}", True),
+        (b"GET / HTTP/1.1\r\nHost: h\r\n\r\n", False),
+    ):
+        clock, transport, channel = Clock(), StringTransport(), http.HTTPChannel()
+        channel.callLater = clock.callLater
+        channel.requestFactory = Served
+        channel.makeConnection(transport)
+        channel.dataReceived(raw)
+        clock.advance(59)
+        assert not transport.disconnecting
+        clock.advance(2)
+        if late:
+            assert transport.value().startswith(b"HTTP/1.1 408 "), raw
+            error = json.loads(transport.value().partition(b"\r\n\r\n")[2])["error"]
+            assert (error["code"], error["status"]) == ("request_timeout", 408)
+            assert transport.disconnecting
+        else:
+            assert served and not transport.disconnecting
+        channel.connectionLost(None)
+
+
+def test_an_idle_keep_alive_connection_is_closed_as_nginx_closes_one() -> None:
+    from twisted.web import http
+
+    assert daphne.install_clear_refusals()
+    assert http.HTTPFactory().timeOut == 75
+
+
 def test_a_request_behind_unread_responses_closes_the_connection() -> None:
     """A request arriving while more than the send buffer's limit of the responses
     before it wait to be read (a client that pipelines and reads nothing) is not
