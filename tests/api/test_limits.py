@@ -94,32 +94,34 @@ def test_unknown_api_urls_and_methods_answer_the_error_shape(daphne, account):
         assert_error(api.post("/v1/models"), 405, "method_not_allowed")
 
 
-def test_a_body_declared_too_large_is_refused_before_it_is_sent(daphne):
-    """No credentials, a Content-Length of 400 MB and no byte of the body: the answer
-    comes at once (the whole body was written to disk twice before the refusal)."""
-    server = daphne()
+def refusal(server, sent: bytes) -> tuple[bytes, str]:
+    """The status line and error code a server answers ``sent`` with, on a raw
+    connection it then closes."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: application/json\r\nContent-Length: 400000000\r\n\r\n"
-        )
+        sock.sendall(sent)
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 413 "), head
-    assert json.loads(body)["error"]["code"] == "too_large"
+    return head.split(b"\r\n")[0], json.loads(body)["error"]["code"]
+
+
+def test_a_body_declared_too_large_is_refused_before_it_is_sent(daphne):
+    """No credentials, a Content-Length of 400 MB and no byte of the body: the answer
+    comes at once (the whole body was written to disk twice before the refusal)."""
+    line, code = refusal(
+        daphne(),
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 400000000\r\n\r\n",
+    )
+    assert line.startswith(b"HTTP/1.1 413 ") and code == "too_large", line
 
 
 def test_a_request_trickled_in_is_refused_once_its_time_is_up(daphne):
     """Headers sent a byte at a time (each byte put Twisted's idle clock back, so the
     connection was held for ever): a 408 once ``HTTP_REQUEST_TIMEOUT`` has passed."""
-    server = daphne(HTTP_REQUEST_TIMEOUT="1")
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-        sock.sendall(b"GET /api/conversations/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a")
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 408 "), head
-    assert json.loads(body)["error"]["code"] == "request_timeout"
+    line, code = refusal(
+        daphne(HTTP_REQUEST_TIMEOUT="1"),
+        b"GET /api/conversations/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a",
+    )
+    assert line.startswith(b"HTTP/1.1 408 ") and code == "request_timeout", line
