@@ -857,15 +857,6 @@ def install_clear_refusals() -> bool:
     channel.allContentReceived = allContentReceived
     channel.lineReceived = lineReceived
     channel.connectionLost = connectionLost
-    factory: Any = http.HTTPFactory
-    made = factory.__init__
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        made(self, *args, **kwargs)
-        if settings.HTTP_IDLE_TIMEOUT:
-            self.timeOut = settings.HTTP_IDLE_TIMEOUT
-
-    factory.__init__ = __init__
     channel.clear_refusals = True
     metrics.SERVER_HOOKS.labels(hook=CLEAR_REFUSALS).set(1)
     return True

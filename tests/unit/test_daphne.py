@@ -385,13 +385,6 @@ def test_a_request_that_does_not_arrive_whole_in_time_is_told_so() -> None:
         channel.connectionLost(None)
 
 
-def test_an_idle_keep_alive_connection_is_closed_as_nginx_closes_one() -> None:
-    from twisted.web import http
-
-    assert daphne.install_clear_refusals()
-    assert http.HTTPFactory().timeOut == 75
-
-
 def test_a_request_behind_unread_responses_closes_the_connection() -> None:
     """A request arriving while more than the send buffer's limit of the responses
     before it wait to be read (a client that pipelines and reads nothing) is not
