@@ -8,10 +8,12 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from typing import Any, cast
 
 import pytest
 from django.test import override_settings
+from django.utils import timezone
 
 from streaming import database, events, signals
 from streaming.control.memory import MemoryControl
@@ -241,11 +243,18 @@ async def test_without_a_log_what_was_flushed_is_kept() -> None:
     assert "text after event 7 may be missing" in message.termination["error_message"]
 
 
-# A database call's wait so short that a segment written by a test is old enough to count.
-QUICK_WAITS = override_settings(DATABASE_WAIT_TIMEOUT=1e-6)
+async def written_long_ago(*answers: Answer) -> None:
+    """The answers' segments written an hour ago: old enough for any call's wait to be
+    over. (Shrinking ``DATABASE_WAIT_TIMEOUT`` instead set a millisecond's
+    ``statement_timeout`` on any connection opened meanwhile, which outlived the test
+    and cancelled the statements of the tests after it.)"""
+    ids = [answer.message_id for answer in answers]
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    await database.run(
+        lambda: Segment.objects.filter(message_id__in=ids).update(started_at=an_hour_ago)
+    )
 
 
-@QUICK_WAITS
 async def test_this_process_segments_are_reaped_only_when_no_generation_here_streams_them(
     interrupted: list[tuple[Any, str]],
 ) -> None:
@@ -258,6 +267,7 @@ async def test_this_process_segments_are_reaped_only_when_no_generation_here_str
     assert isinstance(listener, Generations)
     live = await create_answer(reaper.presence.worker_id)
     stray = await create_answer(reaper.presence.worker_id)
+    await written_long_ago(live, stray)
     await stream_of(reaper, live, "still going")
     await stream_of(reaper, stray, "left ", "behind")
     listener.running[live.message_id] = cast(Generation, object())  # streamed here
@@ -275,7 +285,6 @@ async def test_this_process_segments_are_reaped_only_when_no_generation_here_str
     assert interrupted == [(Reaper, stray.message_id)]
 
 
-@QUICK_WAITS
 async def test_a_segment_registered_between_two_passes_is_not_reaped() -> None:
     """A start is registered a turn of the loop after its rows commit: a pass between
     the two finds it unregistered once, and the next finds it streamed here."""
@@ -283,6 +292,7 @@ async def test_a_segment_registered_between_two_passes_is_not_reaped() -> None:
     listener = reaper.presence.listener
     assert isinstance(listener, Generations)
     answer = await create_answer(reaper.presence.worker_id)
+    await written_long_ago(answer)
     assert await reaper.reap() == 0
     listener.running[answer.message_id] = cast(Generation, object())
     try:
