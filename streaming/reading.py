@@ -485,17 +485,21 @@ def _says_missing(event: events.Event) -> bool:
     return event["type"] == events.ERROR and event["error"].get("code") in MISSING_CODES
 
 
-def _record(message_id: str) -> tuple[str, int, dict[str, Any]] | None:
-    """The message's status, last seq and termination record; None once it is deleted."""
-    record = Message.objects.values_list("status", "last_seq", "termination").filter(id=message_id)
-    return next(iter(record), None)
+def _columns(message_id: str, *names: str) -> tuple[Any, ...] | None:
+    """The message's ``names`` columns; None once it is deleted (with its conversation,
+    after a reader read it)."""
+    return next(iter(Message.objects.values_list(*names).filter(id=message_id)), None)
 
 
-def _persisted(message_id: str) -> tuple[str, str, int] | None:
+def _record(message_id: str) -> tuple[Any, ...] | None:
+    """The message's status, last seq and termination record."""
+    return _columns(message_id, "status", "last_seq", "termination")
+
+
+def _persisted(message_id: str) -> tuple[Any, ...] | None:
     """The message's stored text and reasoning, and the seq they reach (written together,
-    write-behind); None once it is deleted (with its conversation, as it was read)."""
-    stored = Message.objects.values_list("content", "reasoning", "last_seq").filter(id=message_id)
-    return next(iter(stored), None)
+    write-behind)."""
+    return _columns(message_id, "content", "reasoning", "last_seq")
 
 
 async def wait_until_ended(

@@ -250,6 +250,11 @@ def _transport_of(send: Any) -> Any | None:
     return transport
 
 
+def _queued(transport: Any) -> int:
+    """The bytes a Twisted TCP connection has queued and not sent yet."""
+    return int(len(transport.dataBuffer) - transport.offset + transport._tempDataLen)
+
+
 class SendBuffer:
     """A probe of the connection's unsent bytes; ``pending()`` is None when unknowable
     (and then the hook is reported unavailable)."""
@@ -266,7 +271,7 @@ class SendBuffer:
         if t is None:
             return None
         try:
-            return int(len(t.dataBuffer) - t.offset + t._tempDataLen)
+            return _queued(t)
         except (AttributeError, TypeError) as exc:
             self._transport = None
             unavailable(SEND_BUFFER, f"the transport changed shape: {exc}")
@@ -521,10 +526,9 @@ def install_close_codes() -> bool:
 
 
 def _unsent(transport: Any) -> int:
-    """The bytes a Twisted TCP connection has queued and not sent yet (0 for another
-    kind of transport)."""
+    """``_queued``, 0 for another kind of transport."""
     try:
-        return int(len(transport.dataBuffer) - transport.offset + transport._tempDataLen)
+        return _queued(transport)
     except (AttributeError, TypeError):
         return 0
 
