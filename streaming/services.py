@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -398,11 +399,13 @@ def _create_exchange(
     asked: ChatTurn,
     default_model: str,
     key: IdempotencyKey | None,
+    after: uuid.UUID | None,
 ) -> Created:
     """``raw_params`` were checked for ``model``'s engine (the default one for ""); they
     are checked again for the engine that answers (the conversation's model may be
-    another engine's). With ``key``, a retry of a request that made its messages gets
-    those (``_replayed``) and no plan."""
+    another engine's). ``after``: the answer the question goes after (None: the current
+    leaf). With ``key``, a retry of a request that made its messages gets those
+    (``_replayed``) and no plan."""
     events: list[dict[str, Any]] = []
     with statements.creating_transaction() as tx:
         # The owner's row is locked first (with the conversation's), for the limit's count;
@@ -423,7 +426,11 @@ def _create_exchange(
                     if conversation_id is None
                     else str(made.conversation_id) == str(conversation_id)
                 )
-                and _first_of_its_parent(made)  # an edit's question is not a post's
+                and (
+                    _first_of_its_parent(made)  # an edit's question is not a post's
+                    if after is None
+                    else made.parent_id == after
+                )
             )
             return _replayed(key, made, fits, model, clean_params(raw_params, model))
         if conversation_id is None:
@@ -434,13 +441,16 @@ def _create_exchange(
             )
         _refuse_over_capacity(reads.running)
         params = clean_params(raw_params, model)
-        # After the branch shown; the conversation's lock orders concurrent posts.
+        # After the answer the client shows, else the branch shown; the conversation's
+        # lock orders concurrent posts.
         parent_id = conversation.current_leaf_id
         # The path down to it (the prompt so far) and the messages the question joins.
         history: list[Message] = []
         siblings_before: list[str] = []
         if conversation_id is not None:
             tree = History(reads.messages)
+            if after is not None:
+                parent_id = _chosen_parent(tree, after)
             history = tree.path(parent_id)
             siblings_before = [] if prior else tree.children(parent_id)
             _refuse_streaming_path(history)
@@ -592,6 +602,7 @@ def create_exchange(
     abandon_grace: float | None = None,
     tool_call_id: str = "",
     model: str = "",
+    parent_id: Any = None,
     idempotency_key: Any = None,
     idempotency_field: str = IDEMPOTENCY_HEADER,
 ) -> Exchange:
@@ -602,7 +613,9 @@ def create_exchange(
     (the OpenAI endpoint's history), at most ``MAX_PRIOR_MESSAGES``. ``tool_call_id``:
     ``content`` is not the user's but a tool's result, for that call of the model's (the
     turn of a tool loop that hands the result back). ``model``: the model that answers
-    (checked; by default the conversation's, else the default engine's).
+    (checked; by default the conversation's, else the default engine's). ``parent_id``:
+    the answer of the conversation the question goes after, as the client shows it
+    (None: the conversation's current leaf, whichever client chose it).
     ``idempotency_key``: the client's key for this post (named ``idempotency_field`` in
     its errors); a retry with it gets what the first request made, and starts nothing
     (``Exchange.generation`` None).
@@ -617,6 +630,7 @@ def create_exchange(
     content = _validate_content(content, tool_result=bool(tool_call_id))
     model = check_model(model)
     clean_params(raw_params, model)  # a bad parameter is reported before a bad id
+    after = _parent_id(parent_id, new=conversation_id is None)
     if prior and len(prior) > settings.MAX_PRIOR_MESSAGES:
         raise InvalidParams(
             f"at most {settings.MAX_PRIOR_MESSAGES} earlier messages per request",
@@ -636,8 +650,36 @@ def create_exchange(
         ChatTurn(role, content, tool_call_id=tool_call_id),
         runtime.engine.model,
         key,
+        after,
     )
     return _exchange(_made_once(create, key))
+
+
+def _parent_id(value: Any, *, new: bool) -> uuid.UUID | None:
+    """A post's ``parent_id`` as an id (None: after the current leaf), checked for its
+    form; whether it names an answer of the conversation is known in the transaction."""
+    if value is None:
+        return None
+    if new:
+        raise InvalidParams(
+            "a new conversation has no message to go after: post without it", field="parent_id"
+        )
+    try:
+        if isinstance(value, str):
+            return uuid.UUID(value)
+    except ValueError:
+        pass
+    raise InvalidParams("must be the id of an answer of the conversation", field="parent_id")
+
+
+def _chosen_parent(history: History, parent_id: uuid.UUID) -> uuid.UUID:
+    """``parent_id`` when it is an answer of the conversation ``history`` holds."""
+    message = history.messages.get(str(parent_id))
+    if message is None:
+        raise NotFound("message not found in this conversation", field="parent_id")
+    if message.role != Message.Role.ASSISTANT:
+        raise WrongRole("a question goes after an answer (an assistant message)", field="parent_id")
+    return parent_id
 
 
 def _made_once(create: Callable[[], Created], key: IdempotencyKey | None) -> Created:
@@ -670,6 +712,7 @@ async def post_message(
     abandon_grace: float | None = None,
     tool_call_id: str = "",
     model: str = "",
+    parent_id: Any = None,
     idempotency_key: Any = None,
     idempotency_field: str = IDEMPOTENCY_HEADER,
 ) -> Exchange:
@@ -684,6 +727,7 @@ async def post_message(
         abandon_grace=abandon_grace,
         tool_call_id=tool_call_id,
         model=model,
+        parent_id=parent_id,
         idempotency_key=idempotency_key,
         idempotency_field=idempotency_field,
     )

@@ -284,6 +284,16 @@ class PostMessageSerializer(StrictFields):
     )
 
 
+class ConversationPostSerializer(PostMessageSerializer):
+    parent_id = UUIDText(
+        required=False,
+        allow_null=True,
+        help_text="the answer the question goes after, as the client shows the conversation; "
+        "another than the current leaf makes a new branch there. Absent or null: after the "
+        "current leaf",
+    )
+
+
 class RegenerateSerializer(StrictFields):
     params = GenerationParamsField(
         required=False, allow_null=True, help_text="default: the old answer's parameters"

@@ -29,6 +29,7 @@ from streaming import params, selectors, services
 from streaming.api.authentication import AUTHENTICATION_CLASSES
 from streaming.api.parsers import JSONBodyParser, PayloadTooLarge
 from streaming.api.serializers import (
+    ConversationPostSerializer,
     ConversationSerializer,
     EditSerializer,
     ErrorSerializer,
@@ -273,26 +274,30 @@ class ConversationMessages(JSONView, generics.ListAPIView):
         return self.get_paginated_response(data.data)
 
     @extend_schema(
-        request=PostMessageSerializer,
+        request=ConversationPostSerializer,
         responses=POST_RESPONSES,
         parameters=[WAIT, IDEMPOTENCY_KEY],
     )
     def post(self, request: Request, conversation_id: Any) -> Response:
-        """Post a user message and start the answer; the answer's ``stream`` has its URLs."""
+        """Post a user message (after ``parent_id``, else the current leaf) and start the
+        answer; the answer's ``stream`` has its URLs."""
         return _post_message(request, conversation_id)
 
 
 def _post_message(request: Request, conversation_id: Any) -> Response:
     """``conversation_id`` ``None``: in a new conversation, made with the message."""
     wait = _wants_wait(request)
-    body = PostMessageSerializer(data=request.data)
+    kind = PostMessageSerializer if conversation_id is None else ConversationPostSerializer
+    body = kind(data=request.data)
     body.is_valid(raise_exception=True)
+    parent_id = body.validated_data.get("parent_id")
     exchange = services.create_exchange(
         request.user,
         conversation_id,
         body.validated_data["content"],
         body.validated_data.get("params"),
         model=body.validated_data.get("model", ""),
+        parent_id=None if parent_id is None else str(parent_id),
         idempotency_key=_idempotency_key(request),
     )
     return _started(request, exchange, wait, with_question=True)

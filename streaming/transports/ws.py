@@ -380,6 +380,7 @@ class ChatConsumer(LoopWebsocketConsumer):
             frame.get("content"),
             frame.get("params"),
             model="" if model is None else model,
+            parent_id=frame.get("parent_id"),
             **_keyed(frame),
         )
         await self._started(frame, exchange, subscribe)
@@ -649,7 +650,9 @@ _KEYED = ("subscribe", "idempotency_key")
 FIELDS: dict[str, frozenset[str]] = {
     "auth": frozenset({"token"}),
     "ping": frozenset(),
-    "message.create": frozenset({"conversation", "content", "params", "model", *_KEYED}),
+    "message.create": frozenset(
+        {"conversation", "content", "params", "model", "parent_id", *_KEYED}
+    ),
     "message.regenerate": frozenset({"message_id", "params", "stop", *_KEYED}),
     "message.edit": frozenset({"message_id", "content", "params", "model", "stop", *_KEYED}),
     "subscribe": frozenset({"topic", "message_id", "after"}),

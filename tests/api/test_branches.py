@@ -144,6 +144,104 @@ def test_edit_adds_a_question_beside_the_old_one_with_its_answer(three_turns, em
     assert branch(api, conversation)[0]["id"] == root["id"]
 
 
+def test_a_post_goes_after_the_answer_it_names(three_turns, emulator) -> None:
+    """``parent_id``: the question goes after the answer the client shows, whichever
+    branch another client switched to since; an earlier answer makes a branch there."""
+    api, conversation, turns, _ = three_turns
+    url = f"/api/conversations/{conversation}/messages/?wait=true"
+    first, second = turns[0], turns[1]
+    # Another client shows the second turn's new version (the current leaf moves there)...
+    regenerated = created(
+        api.post(f"/api/messages/{second['message']['id']}/regenerate/?wait=true")
+    )["message"]
+    # ...while this one still shows the third turn, and posts after it.
+    below = created(
+        api.post(url, json={"content": ask("after three"), "parent_id": turns[2]["message"]["id"]})
+    )
+    assert below["user_message"]["parent_id"] == turns[2]["message"]["id"]
+    assert below["user_message"]["siblings"] == [below["user_message"]["id"]]
+    assert regenerated["parent_id"] == second["user_message"]["id"]
+    path = [(m["role"], m["content"]) for t in turns for m in (t["user_message"], t["message"])]
+    assert prompt_of(emulator, below["message"]["id"]) == [*path, ("user", ask("after three"))]
+    assert (
+        api.get(f"/api/conversations/{conversation}/").json()["current_leaf"]
+        == (below["message"]["id"])
+    )
+
+    # After the first answer: a new branch beside the second question, its prompt the
+    # path down to that answer, shown as the current leaf.
+    early = created(
+        api.post(url, json={"content": ask("instead"), "parent_id": first["message"]["id"]})
+    )
+    question, answer = early["user_message"], early["message"]
+    assert question["parent_id"] == first["message"]["id"]
+    assert question["siblings"] == [second["user_message"]["id"], question["id"]]
+    assert prompt_of(emulator, answer["id"]) == [
+        ("user", first["user_message"]["content"]),
+        ("assistant", first["message"]["content"]),
+        ("user", ask("instead")),
+    ]
+    shown = [m["id"] for m in branch(api, conversation)]
+    assert shown == [
+        first["user_message"]["id"],
+        first["message"]["id"],
+        question["id"],
+        answer["id"],
+    ]
+    # Null is the current leaf, as without it.
+    plain = created(api.post(url, json={"content": ask("next"), "parent_id": None}))
+    assert plain["user_message"]["parent_id"] == answer["id"]
+
+
+def test_a_post_after_what_is_not_an_answer_of_the_conversation_is_refused(
+    three_turns, other_account
+) -> None:
+    api, conversation, turns, server = three_turns
+    url = f"/api/conversations/{conversation}/messages/"
+    elsewhere = new_conversation(api)
+    theirs = post_and_wait(api, elsewhere, ask("elsewhere"))["message"]["id"]
+    before = len(branch(api, conversation, tree=True))
+    refusals = [
+        ("not-a-uuid", 400, "invalid", "parent_id"),
+        (5, 400, "invalid", "parent_id"),
+        (turns[1]["user_message"]["id"], 400, "wrong_role", "parent_id"),
+        (theirs, 404, "not_found", "parent_id"),
+        ("00000000-0000-0000-0000-000000000000", 404, "not_found", "parent_id"),
+    ]
+    for parent, status, code, field in refusals:
+        body = {"content": "x", "parent_id": parent}
+        assert_error(api.post(url, json=body), status, code, field=field)
+        one_step = api.post(url, json=body, headers={"Accept": "text/event-stream"})
+        assert_error(one_step, status, code, field=field)
+    # A new conversation has nothing to go after: the key is refused, naming it.
+    new = {"content": "x", "parent_id": turns[0]["message"]["id"]}
+    assert_error(api.post("/api/messages/", json=new), 400, field="parent_id")
+    assert_error(
+        api.post("/api/messages/", json=new, headers={"Accept": "text/event-stream"}),
+        400,
+        field="parent_id",
+    )
+    with client(server, other_account.token) as mallory:
+        body = {"content": "mine now", "parent_id": turns[0]["message"]["id"]}
+        assert_error(mallory.post(url, json=body), 404)
+    assert len(branch(api, conversation, tree=True)) == before, "nothing was added"
+
+
+def test_a_retried_post_after_an_answer_makes_one_question(three_turns) -> None:
+    api, conversation, turns, _ = three_turns
+    url = f"/api/conversations/{conversation}/messages/?wait=true"
+    body = {"content": ask("once"), "parent_id": turns[0]["message"]["id"]}
+    headers = {"Idempotency-Key": "branch-once"}
+    made = created(api.post(url, json=body, headers=headers))
+    again = created(api.post(url, json=body, headers=headers))
+    assert again["user_message"]["id"] == made["user_message"]["id"]
+    assert again["message"]["id"] == made["message"]["id"]
+    # The same key after another answer is another request.
+    elsewhere = {**body, "parent_id": turns[1]["message"]["id"]}
+    assert_error(api.post(url, json=elsewhere, headers=headers), 422)
+    assert len(branch(api, conversation, tree=True)) == 8
+
+
 def test_switching_branch_follows_the_latest_answers_and_survives_a_reload(three_turns) -> None:
     api, conversation, turns, _ = three_turns
     old = turns[1]["message"]
@@ -277,6 +375,8 @@ def test_a_streaming_branch_is_refused_or_stopped_first(daphne, account) -> None
             headers={"Accept": "text/event-stream"},
         )
         assert one_step.status_code == 409 and one_step.json() == follow.json()
+        named = {"content": "y", "parent_id": answer}
+        assert_error(api.post(f"/api/conversations/{conversation}/messages/", json=named), 409)
 
         # "stop" ends the branch only for a request that is then carried out: each of
         # these is refused, and the answer streams on.

@@ -322,6 +322,18 @@ async def test_frame_fields_of_the_wrong_type_are_refused_naming_the_field(daphn
                 "model",
             ),
         ]
+    # The answer a question goes after: an id of an answer of the conversation.
+    for value in (5, True, "", "not-a-uuid", [answer], {}):
+        refused.append(({**create, "parent_id": value}, "invalid_params", "parent_id"))
+    refused += [
+        ({**create, "parent_id": question}, "wrong_role", "parent_id"),
+        ({**create, "parent_id": str(uuid.uuid4())}, "not_found", "parent_id"),
+        (
+            {"type": "message.create", "content": "hi", "parent_id": answer},
+            "invalid_params",
+            "parent_id",
+        ),
+    ]
     for kind in ("subscribe", "unsubscribe", "cancel", "continue", "message.regenerate"):
         for value in (5, None, "", [answer]):
             refused.append(({"type": kind, "message_id": value}, "invalid_frame", "message_id"))

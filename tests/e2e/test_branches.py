@@ -4,6 +4,7 @@ question and resend, the branch kept across a reload, and a second tab in step."
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from playwright.sync_api import expect
@@ -102,6 +103,34 @@ def test_a_second_tab_shows_what_the_first_sent_and_follows_its_answer(open_chat
     expect(chat.content(seen)).to_have_text(chat.content(sent).inner_text())
     assert chat.wait_for_server_status(sent, "complete")["content"]
     assert other.errors == []
+
+
+def test_a_message_goes_after_the_answer_shown_here(open_chat) -> None:
+    """Another tab switched the conversation's branch and this one has not heard yet (its
+    feed event on the way): a message sent here goes after the answer shown here."""
+    from streaming.models import Conversation
+
+    chat = open_chat()
+    page = chat.page
+    first = chat.ask("Tell me about rivers", **QUICK)
+    finished(first)
+    second = chat.ask("And about lakes", **QUICK)
+    finished(second)
+    shown = second.get_attribute("data-message-id")
+    conversation = re.search(r"#/c/([0-9a-f-]+)", page.url)
+    assert conversation, page.url
+    # The switch as stored, with no feed event: this tab still shows the second answer.
+    # (In a thread: Playwright's loop runs in this one, where Django refuses queries.)
+    switch = Conversation.objects.filter(pk=conversation.group(1)).update
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(switch, current_leaf_id=first.get_attribute("data-message-id")).result()
+    third = chat.ask("And about the sea", **QUICK)
+    finished(third)
+    question = page.locator("article.message.user").last
+    stored = chat.message(question.get_attribute("data-message-id") or "")
+    assert stored["parent_id"] == shown
+    expect(page.locator("article.message.assistant")).to_have_count(3)
+    assert chat.errors == []
 
 
 def test_regenerate_and_edit_while_an_answer_streams_stop_it_and_go_on(open_chat) -> None:

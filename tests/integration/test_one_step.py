@@ -160,6 +160,28 @@ async def test_the_lean_path_answers_a_post_as_django_does(daphne, account) -> N
         assert "allow" not in lean_headers
 
 
+async def test_a_post_after_a_named_answer_is_lean_too(daphne, account) -> None:
+    """``parent_id`` is taken on the lean path, and answered as Django answers it."""
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        answers = []
+        before = await scrape(api)
+        for query in ("", "?wait=false"):
+            conversation = await create_conversation(api, account.token)
+            url = f"/api/conversations/{conversation}/messages/{query}"
+            _, first = await post_streaming(api, url, {"content": "one", "params": QUICK},
+                                            auth(account.token))  # fmt: skip
+            parent = first[0].data["message"]["id"]
+            await post_streaming(api, url, {"content": "two", "params": QUICK}, auth(account.token))
+            body = {"content": "instead", "params": QUICK, "parent_id": parent}
+            response, events = await post_streaming(api, url, body, auth(account.token))
+            assert response.status_code == 200 and events[-1].data["type"] == "done"
+            assert events[0].data["user_message"]["parent_id"] == parent
+            answers.append(events[0].data)
+        assert lean_and_django(await scrape(api), before) == (3, 3)
+        assert shape(answers[0]) == shape(answers[1])
+
+
 async def test_refusals_are_the_rest_apis_own(daphne, account, other_account) -> None:
     """Whatever the lean path cannot answer as Django would goes to Django: every refusal
     is the REST API's own, and leaves nothing behind."""

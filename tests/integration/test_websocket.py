@@ -66,6 +66,34 @@ async def test_create_over_ws_streams_incrementally(daphne, account):
     assert seqs(events) == sorted(set(seqs(events)))
 
 
+async def test_a_create_goes_after_the_answer_it_names(daphne, account):
+    """``parent_id`` on ``message.create``: after that answer, as the REST post."""
+    server = daphne()
+    short = {"simulation": {"length": 3, "ttft_ms": 0}}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        ws = await ChatSocket.connect(server.ws_url, account.token)
+        try:
+            answers = []
+            for text in ("one", "two"):
+                answer = (await ws.create(conversation, text, short))[-1]["message_id"]
+                await ws.events_until_done(answer)
+                answers.append(answer)
+            created = await ws.create(conversation, "instead", short, parent_id=answers[0])
+            answer = created[-1]["message_id"]
+            await ws.events_until_done(answer)
+        finally:
+            await ws.close()
+        question = created[-1]["user_message_id"]
+        stored = (
+            await client.get(f"/api/messages/{question}/", headers=auth(account.token))
+        ).json()
+        assert stored["parent_id"] == answers[0]
+        assert len(stored["siblings"]) == 2
+        shown = await client.get(f"/api/conversations/{conversation}/", headers=auth(account.token))
+        assert shown.json()["current_leaf"] == answer
+
+
 async def test_bad_frames_get_error_frames_and_the_socket_keeps_working(
     daphne, account, other_account
 ):

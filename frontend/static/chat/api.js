@@ -141,8 +141,15 @@ async function starting(path, body, stream, key) {
 }
 
 export const messages = {
-  post: (conversationId, content, params, stream, model, key) =>
-    starting(`/api/conversations/${conversationId}/messages/`, { content, params, model }, stream, key),
+  /** After `parentId`, the answer shown last (null: the conversation's current leaf, as
+   * another tab may have moved it). */
+  post: (conversationId, content, params, stream, model, key, parentId) =>
+    starting(
+      `/api/conversations/${conversationId}/messages/`,
+      { content, params, model, parent_id: parentId },
+      stream,
+      key,
+    ),
   /** The first message of a new conversation: made together, or not at all. */
   start: (content, params, stream, model, key) =>
     starting("/api/messages/", { content, params, model }, stream, key),

@@ -471,6 +471,13 @@ function lastShown() {
   return shown.length ? shown[shown.length - 1].dataset.messageId : null;
 }
 
+/** The answer shown last, which a message sent here goes after (null: none shown). */
+function answerShownLast() {
+  const shown = log.querySelectorAll("article.message[data-message-id]");
+  const last = shown.length ? shown[shown.length - 1] : null;
+  return last && last.classList.contains("assistant") ? last.dataset.messageId : null;
+}
+
 /** Leaving the branch through version `messageId` (a new version of it, or another one). */
 function leaving(messageId) {
   const leaf = lastShown();
@@ -553,8 +560,12 @@ function generationParams() {
 // the first post made if it did reach it, instead of making the message twice.
 let unansweredSend = null;
 
-function keyFor(target, content) {
-  const same = unansweredSend && unansweredSend.target === target && unansweredSend.content === content;
+function keyFor(target, content, parentId) {
+  const same =
+    unansweredSend &&
+    unansweredSend.target === target &&
+    unansweredSend.content === content &&
+    unansweredSend.parentId === parentId;
   return same ? unansweredSend.key : idempotencyKey();
 }
 
@@ -572,7 +583,9 @@ async function send() {
   updateControls();
   notices.clear();
   const startedIn = state.conversationId;
-  const key = keyFor(startedIn, content);
+  // After the answer this tab shows, wherever another tab has moved the conversation since.
+  const parentId = startedIn ? answerShownLast() : null;
+  const key = keyFor(startedIn, content, parentId);
   try {
     const askedAt = performance.now();
     // A new conversation is made with its first message, or not at all: a refused
@@ -581,7 +594,7 @@ async function send() {
     // first. Over WebSocket the answer is read on the socket, as every other.
     const oneStep = transport() === "sse";
     const { created: exchange, connection } = startedIn
-      ? await messages.post(startedIn, content, params, oneStep, modelPicker.value, key)
+      ? await messages.post(startedIn, content, params, oneStep, modelPicker.value, key, parentId)
       : await messages.start(content, params, oneStep, modelPicker.value, key);
     unansweredSend = null;
     const conversationId = exchange.message.conversation;
@@ -619,7 +632,7 @@ async function send() {
     }
     conversationChanged(conversationId);
   } catch (error) {
-    unansweredSend = unanswered(error) ? { target: startedIn, content, key } : null;
+    unansweredSend = unanswered(error) ? { target: startedIn, content, parentId, key } : null;
     showError(error);
   } finally {
     state.sending = false;
