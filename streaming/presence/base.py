@@ -69,7 +69,7 @@ class Presence(abc.ABC):
             self.listener.readers_changed(message_id, self.local[message_id])
             return False
         self.shared[message_id] = self.shared.get(message_id, 0) + 1
-        await self.publish(message_id, 1, notify=True)
+        await self.publish(message_id, 1, notify=True, crossed=self.shared[message_id] == 1)
         return True
 
     async def detach(self, message_id: str, *, shared: bool, ended: bool = False) -> None:
@@ -80,16 +80,19 @@ class Presence(abc.ABC):
         if not self.local:
             self.idle.set()
         if shared:
-            _decrement(self.shared, message_id)
-            await self.publish(message_id, -1, notify=not ended)
+            crossed = _decrement(self.shared, message_id) == 0
+            await self.publish(message_id, -1, notify=not ended, crossed=crossed)
         elif not ended and self.listener.generating(message_id):
             # The last reader here may have left: the count is then the other processes'.
             self.listener.readers_changed(message_id, left or await self.count(message_id))
 
     @abc.abstractmethod
-    async def publish(self, message_id: str, change: int, *, notify: bool) -> None:
+    async def publish(self, message_id: str, change: int, *, notify: bool, crossed: bool) -> None:
         """Share this process's count (``shared``, already changed by ``change``); with
-        ``notify``, tell the listener."""
+        ``notify``, tell the listener. ``crossed``: this change took the count from or to
+        zero, as decided when it was made; by the time the count is shared, readers
+        attaching or leaving at the same moment may have moved it again (two readers
+        joining at once: neither would then see itself as the first)."""
 
     @abc.abstractmethod
     async def count(self, message_id: str) -> int:

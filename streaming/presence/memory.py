@@ -10,7 +10,7 @@ from streaming.presence.base import Presence
 
 
 class MemoryPresence(Presence):
-    async def publish(self, message_id: str, change: int, *, notify: bool) -> None:
+    async def publish(self, message_id: str, change: int, *, notify: bool, crossed: bool) -> None:
         if notify and self.listener.generating(message_id):
             self.listener.readers_changed(message_id, self.local.get(message_id, 0))
 

@@ -51,7 +51,7 @@ class RedisPresence(Presence):
         )
         self.redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
 
-    async def publish(self, message_id: str, change: int, *, notify: bool) -> None:
+    async def publish(self, message_id: str, change: int, *, notify: bool, crossed: bool) -> None:
         """Publish this process's count and tell the generation, in one Redis round trip.
 
         When the generation runs here and this process has no reader of it left, the
@@ -72,7 +72,7 @@ class RedisPresence(Presence):
             return
         if not generating:
             # The generation's process hears of this one's count crossing zero only.
-            if self.shared.get(message_id, 0) == (1 if change > 0 else 0):
+            if crossed:
                 await listener.notify_remote(message_id)
             return
         local = self.local.get(message_id, 0)

@@ -194,6 +194,30 @@ async def test_a_generation_elsewhere_is_told_when_this_process_count_crosses_ze
     assert got == expected
 
 
+async def test_readers_joining_at_the_same_moment_tell_the_generation_elsewhere(
+    redis_presences: Presences,
+) -> None:
+    """Two readers attach at once: the first took this process's count from zero, though
+    by the time its count is shared the second has raised it to two. The process
+    generating the answer is told (once), and told again when both have left."""
+    wire = Wire(redis_presences.kind, REDIS_URL)
+    try:
+        registry = Generations(wire.control())
+        received = Received()
+        await wire.listen(received)
+        presence = redis_presences.make(registry)
+        mid = redis_presences.message_id()
+        assert await asyncio.gather(presence.attach(mid), presence.attach(mid)) == [True, True]
+        joined = await received.about(registry.control, mid)
+        await asyncio.gather(presence.detach(mid, shared=True), presence.detach(mid, shared=True))
+        left = await received.about(registry.control, mid)
+    finally:
+        await wire.close()
+    readers = {"type": READERS, "mid": mid}
+    assert joined == [readers]
+    assert left == [readers, readers]
+
+
 async def test_no_heartbeat_is_dead_and_never_this_process(presences: Presences) -> None:
     presence = presences.make()
     other = f"tests:presence:other:{uuid.uuid4().hex}"
