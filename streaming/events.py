@@ -103,6 +103,17 @@ def done(seq: int, *, segment: int, termination: dict[str, Any]) -> Event:
     return {"seq": seq, "type": DONE, "segment": segment, **termination}
 
 
+def up_to_done(events: list[Event], after: int) -> tuple[list[Event], bool]:
+    """``events`` up to the first ``done`` with a seq above ``after``, and whether there
+    was one. A segment's ``done`` and the next segment's first events (a Continue started
+    at once, perhaps in another process) can come in one batch: a stream that ends with
+    that ``done`` must not run on into the next segment."""
+    for index, event in enumerate(events):
+        if event["type"] == DONE and event["seq"] > after:
+            return events[: index + 1], True
+    return events, False
+
+
 def merge(events: list[Event]) -> list[Event]:
     """Collapse runs of consecutive deltas (or reasoning events) into one event of that
     type carrying the run's last seq; a delta and a reasoning event never merge. A run of

@@ -89,6 +89,9 @@ class SegmentPlan:
     base_reasoning: str = ""  # the message's reasoning before this segment
     base_tool_calls: list[dict[str, Any]] = field(default_factory=list)
     abandon_grace: float = field(default_factory=lambda: streaming_settings.ABANDON_GRACE)
+    # A Continue's: the previous segment's `done`, as its final record says it, which the
+    # log must hold before this segment's first events (``submit_after_done``).
+    previous_done: events.Event | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,10 +293,14 @@ class Generation:
         self.backends.hub.stored(self.message_id, partial.last_seq)
 
     def _write(self, batch: list[events.Event], appended: Appended) -> None:
-        """Every batch after the segment's first must follow on from what the log holds."""
+        """Every batch after the segment's first must follow on from what the log holds;
+        a Continue's first follows the segment before it."""
         backends = self.backends
+        previous = self.plan.previous_done
         if batch[0]["seq"] > self.plan.first_seq:
             submit_following(backends.log, backends.hub, self.message_id, batch, appended)
+        elif previous is not None:
+            submit_after_done(backends.log, self.message_id, previous, batch, appended)
         else:
             backends.log.submit(self.message_id, batch, appended)
 
@@ -679,6 +686,39 @@ def submit_following(
         stream_log.submit(message_id, held + batch, appended)
 
     stream_log.submit(message_id, batch, contiguous, contiguous=True)
+
+
+def submit_after_done(
+    stream_log: StreamLog,
+    message_id: str,
+    done: events.Event,
+    batch: list[events.Event],
+    appended: Appended,
+) -> None:
+    """Append a Continue's first ``batch`` after the previous segment's ``done``, then call
+    ``appended``. The Continue went ahead once that segment's record was final, and its
+    process appends the ``done`` only after the record (a process killed in between never
+    does): a ``start`` appended first would keep that ``done`` out of the log for good,
+    and the segment's readers would read on into this one. So the batch goes after the
+    ``done`` when the log holds it; with it, as the record says it, when the log holds
+    everything before it (the owner's own append then finds it there: one ``done`` per
+    seq); alone, as any first batch, when the log lost or let expire what came before."""
+
+    def after_done(error: BaseException | None) -> None:
+        if not isinstance(error, LogLost):
+            appended(error)
+        elif error.have == done["seq"] - 1:
+            stream_log.submit(message_id, [done, *batch], with_done, contiguous=True)
+        else:
+            stream_log.submit(message_id, batch, appended)
+
+    def with_done(error: BaseException | None) -> None:
+        if isinstance(error, SeqConflict):  # the owner's ``done`` came in between
+            stream_log.submit(message_id, batch, appended, contiguous=True)
+        else:
+            appended(error)
+
+    stream_log.submit(message_id, batch, after_done, contiguous=True)
 
 
 async def end_log(stream_log: StreamLog, hub: Hub, message_id: str, done: events.Event) -> None:

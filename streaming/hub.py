@@ -26,7 +26,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator
 
-from streaming.events import DONE, Event
+from streaming.events import DONE, Event, up_to_done
 from streaming.streamlog import StreamLog
 
 log = logging.getLogger(__name__)
@@ -248,8 +248,8 @@ class Hub:
         *,
         settled: int = 0,
     ) -> AsyncIterator[list[Event] | None]:
-        """Yield batches of events after ``after`` until a batch ends with a ``done``
-        after ``settled``.
+        """Yield batches of events after ``after`` up to the first ``done`` after
+        ``settled``, which ends the last batch (``events.up_to_done``).
 
         ``settled``: the seq the message's earlier segments end at (a Continue goes on
         after them), so a reader from before it reads past their ``done`` events to the
@@ -269,12 +269,13 @@ class Hub:
                 if not batch:
                     batch = topic.after(cursor)
                 if batch:
+                    batch, ended = up_to_done(batch, settled)
                     cursor = batch[-1]["seq"]
                     topic.cursors[reader] = cursor
                     if idle is not None:
                         idle.active()
                     yield batch
-                    if batch[-1]["type"] == DONE and cursor > settled:
+                    if ended:
                         return
                     continue
                 if topic.ended and topic.events and settled < topic.events[-1]["seq"] <= cursor:

@@ -276,6 +276,7 @@ class Subscription:
                 batch = [e for e in batch if e["seq"] > self.cursor]
                 if not batch:
                     continue
+                batch, _ = events.up_to_done(batch, self.ends_after)
                 if batch[0]["seq"] > self.cursor + 1 and not _says_missing(batch[0]):
                     batch = await self._bridge(batch)
                 # Merged before waiting on the client: a reader that stops reading holds
@@ -289,6 +290,7 @@ class Subscription:
                     # More may have arrived meanwhile: it goes out in this same frame.
                     newer = self.hub.newer_than(message_id, merged[-1]["seq"])
                     if newer:
+                        newer, _ = events.up_to_done(newer, self.ends_after)
                         merged = events.merge(merged + newer)
                 delivered = _delta_events(merged, self.cursor)
                 if replaying:

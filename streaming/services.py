@@ -38,6 +38,7 @@ from streaming.errors import (
     WrongRole,
     too_long,
 )
+from streaming.events import done as done_event
 from streaming.generation import Generation, SegmentPlan
 from streaming.models import Conversation, Message, Segment
 from streaming.params import ParamError, validate_params
@@ -794,6 +795,9 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
                 message.params,
                 continue_final=True,
             ),
+            previous_done=None
+            if last is None
+            else done_event(message.last_seq, segment=last.index, termination=message.termination),
         )
     return message, plan
 

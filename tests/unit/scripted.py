@@ -150,6 +150,7 @@ def plan_for(
     first_seq: int = 1,
     base_text: str = "",
     base_reasoning: str = "",
+    previous_done: events.Event | None = None,
 ) -> SegmentPlan:
     return SegmentPlan(
         message_id=answer.message_id,
@@ -166,6 +167,7 @@ def plan_for(
             continue_final=segment_index > 0,
         ),
         abandon_grace=grace,
+        previous_done=previous_done,
     )
 
 

@@ -28,7 +28,7 @@ from streaming.engines.base import (
     ToolCallDelta,
     Usage,
 )
-from streaming.generation import Backends, Generation
+from streaming.generation import Backends, Generation, end_log
 from streaming.hub import TAIL_EVENTS, Hub
 from streaming.models import Segment
 from streaming.presence.memory import MemoryPresence
@@ -771,6 +771,41 @@ async def test_a_generation_that_never_had_a_reader_is_not_abandoned(answer: Ans
 
 
 # --- segments and ownership ----------------------------------------------------------------
+@pytest.mark.parametrize("owner", ["appended", "late", "never"])
+async def test_a_continue_follows_the_done_its_segment_ended_with(
+    answer: Answer, owner: str
+) -> None:
+    """A Continue starts once the previous segment's record is final, which its owner
+    writes before it appends the `done`: the new segment's events go after that `done`,
+    whether the owner appended it first (``appended``), appends it after the Continue's
+    first write (``late``: it then finds it there) or never does (``never``: its process
+    was killed in between). Either way the log holds it once, before the new `start`."""
+    log = MemoryStreamLog()
+    first = await launch(answer, [chunk("Once upon"), chunk(finish_reason="length")], log=log)
+    done = (await finish(first))[-1]
+    if owner != "appended":
+        # The log as it was between the owner's record and its `done`.
+        held = await log.read(answer.message_id)
+        log = MemoryStreamLog()
+        await log.append(answer.message_id, [e for e in held if e["seq"] < done["seq"]])
+    await add_segment(answer.message_id, 1, done["seq"] + 1, WORKER)
+    plan = {
+        "segment_index": 1,
+        "first_seq": done["seq"] + 1,
+        "base_text": "Once upon",
+        "previous_done": done,
+    }
+    second = await launch(answer, [chunk(" a time"), chunk(finish_reason="stop")], log=log, **plan)
+    await finish(second, first_seq=done["seq"] + 1, base_text="Once upon")
+    if owner == "late":
+        await end_log(log, first.hub, answer.message_id, done)
+    everything = await log.read(answer.message_id)
+    assert [e["seq"] for e in everything] == list(range(1, len(everything) + 1))
+    dones = [e for e in everything if e["type"] == events.DONE]
+    assert [e["segment"] for e in dones] == [0, 1]
+    assert dones[0] == done
+
+
 async def test_each_segment_ends_with_exactly_one_done(answer: Answer) -> None:
     log = MemoryStreamLog()
     first = await launch(answer, [chunk("Once upon"), chunk(finish_reason="length")], log=log)

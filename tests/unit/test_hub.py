@@ -189,3 +189,27 @@ async def test_a_read_from_before_a_continue_goes_on_past_the_earlier_segments_e
     if local:
         hub.close_local(mid)
     assert [e["seq"] for e in await asyncio.wait_for(reading, 10)] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["generated-here", "generated-elsewhere"])
+async def test_a_read_ends_at_its_segments_done_when_the_next_segment_comes_with_it(local):
+    """A Continue started the moment a segment ended (in another process, say): the
+    `done` and the next segment's first events reach a reader in one batch, and its read
+    ends at that `done`, not at the next segment's."""
+    hub = Hub(MemoryStreamLog())
+    mid = "m4"
+    if local:
+        hub.open_local(mid, 1)
+    await hub.log.append(mid, [events.start(1, message_id=mid, segment=0, model="x")])
+    reading = asyncio.ensure_future(collect(hub, mid, 1))
+    await asyncio.sleep(0)
+    together = [
+        events.delta(2, "a"),
+        events.done(3, segment=0, termination={"status": "cancelled"}),
+        events.start(4, message_id=mid, segment=1, model="x"),
+        events.delta(5, "b"),
+    ]
+    await emit(hub, mid, together) if local else await hub.log.append(mid, together)
+    assert [e["seq"] for e in await asyncio.wait_for(reading, 10)] == [2, 3]
+    if local:
+        hub.close_local(mid)

@@ -300,6 +300,19 @@ async def test_a_finished_message_is_replayed_from_its_log(parts: Parts) -> None
     assert await frames_of(parts.subscribe(finished, 1)) == [[events.delta(4, "abc"), done]]
 
 
+async def test_a_finished_message_read_ends_at_its_done_when_a_continue_follows(
+    parts: Parts,
+) -> None:
+    """The message was read as finished, then continued (elsewhere) before its log was
+    replayed: the stream ends with the `done` it was opened for, not the next one."""
+    finished = state(Status.CANCELLED.value, last_seq=5, termination=ENDED)
+    mid = finished.id
+    done = events.done(5, segment=0, termination=ENDED)
+    after = [events.start(6, message_id=mid, segment=1, model="m"), events.delta(7, "d")]
+    await parts.log.append(mid, [*opening(mid), done, *after])
+    assert await frames_of(parts.subscribe(finished, 1)) == [[events.delta(4, "abc"), done]]
+
+
 def delivered() -> float:
     value = REGISTRY.get_sample_value(
         "chat_stream_delta_events_delivered_total", {"transport": TRANSPORT}
