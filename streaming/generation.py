@@ -228,6 +228,14 @@ class Generation:
         """Count the readers in every process again (another process's count changed)."""
         self.readers_changed(await self.backends.presence.count(self.message_id))
 
+    async def left_unread(self) -> None:
+        """The caller that asked for this answer in order to read it (a ``/v1`` call) left
+        before it began reading: as if its reader had come and gone. Abandoned (after the
+        grace) unless another reader reads it, the page following the conversation say,
+        whose leaving then does it; a generation heeds no count before it saw a reader."""
+        self.readers_seen = True
+        await self.recount_readers()
+
     def _abandon_due(self) -> None:
         self._abandon_timer = None
         self._abandon_check = asyncio.create_task(

@@ -217,6 +217,8 @@ class Subscription:
         self.attached: bool | None = None
         self.taken: bool | None = None
         self.handed_over = False
+        # Whether this reader was ever counted in presence (its leaving then told it).
+        self.counted = False
 
     def take_over(self, previous: Subscription) -> None:
         """Count as ``previous``'s reader from now (one socket subscribing again to the
@@ -251,6 +253,7 @@ class Subscription:
         else:
             shared = await self.presence.attach(message_id, live=not self.state.final)
         self.attached = shared
+        self.counted = True
         recorded.streams_active.inc()
         replaying = resumed
         try:

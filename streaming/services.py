@@ -1176,6 +1176,14 @@ async def wait_until_ended(message_id: str, limit: float | None = None) -> None:
     await get_runtime().wait_until_ended(message_id, limit)
 
 
+async def left_unread(message_id: str) -> None:
+    """The caller that made this answer to read it left before reading it
+    (``Generation.left_unread``); nothing if it no longer runs here."""
+    generation = get_runtime().generations.get(message_id)
+    if generation is not None:
+        await generation.left_unread()
+
+
 async def stop_answers(
     message_ids: list[str], *, reason: str = Status.CANCELLED.value, wait: float | None = None
 ) -> None:

@@ -11,7 +11,8 @@ the metrics and ``/api/messages/<id>/`` see API traffic too. Every response carr
 Channels serialises a consumer's handlers, so the answer is produced in a task and the
 ``http.disconnect`` handler cancels it: a caller closing the stream (or giving up on a
 non-streaming call) abandons the generation at once (abandon grace 0) and the engine
-request is aborted.
+request is aborted, unless another reader still reads the answer (the chat page
+following the conversation): then it is abandoned when the last of them leaves.
 """
 
 from __future__ import annotations
@@ -230,10 +231,11 @@ class ChatCompletionsConsumer(OpenAIConsumer):
                 if not await streams.run(self.scope, user.pk, answering):
                     await self.revoked(chunks)
             finally:
-                if subscription.ended_status is None:
-                    # Gone before the end (or never attached as a reader): nobody will read
-                    # this answer, so stop paying for it.
-                    await services.stop_answers([message_id], reason=Status.ABANDONED, wait=0)
+                if subscription.ended_status is None and not subscription.counted:
+                    # Gone before its reader was counted: its leaving is told here, so the
+                    # answer is abandoned unless someone else reads it. A reader that was
+                    # counted told presence itself as it left.
+                    await services.left_unread(message_id)
 
     async def revoked(self, chunks: ChunkStream | None) -> None:
         """The caller's credentials were revoked while the answer was produced: a stream

@@ -4,6 +4,8 @@ against a real Daphne process (simulated engine, or the vLLM emulator as the eng
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -333,6 +335,42 @@ def test_closing_the_sdk_stream_aborts_the_engine_request(daphne, account, emula
         assert stored["status"] == "abandoned"
         assert stored["termination"]["status"] == "abandoned"
         assert stored["content"].startswith(received)
+
+
+def test_closing_the_sdk_stream_leaves_an_answer_someone_else_reads(daphne, account):
+    """The call's answer is a conversation's message: another reader of it (the page
+    following the conversation) keeps it going after the caller closes its stream, and
+    reads it to its end."""
+    server = daphne()
+    ai = sdk(server, account.token)
+    stream = ai.chat.completions.create(
+        model="simulated",
+        messages=[{"role": "user", "content": "a long one"}],
+        stream=True,
+        extra_body={"simulation": {"length": 60, "tokens_per_second": 40, "ttft_ms": 0}},
+    )
+    first = next(chunk for chunk in stream if chunk.choices and chunk.choices[0].delta.content)
+    message_id = first.id.removeprefix("chatcmpl-")
+    events: list[dict] = []
+    reading = threading.Event()
+
+    def follow(api: httpx.Client) -> None:
+        with api.stream("GET", f"/api/messages/{message_id}/stream/") as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    reading.set()  # attached: its first events are replayed at once
+                    if events[-1]["type"] == "done":
+                        return
+
+    with client(server, account.token) as api, ThreadPoolExecutor(1) as thread:
+        follower = thread.submit(follow, api)
+        assert reading.wait(10)
+        stream.close()
+        follower.result(timeout=20)
+        stored = api.get(f"/api/messages/{message_id}/").json()
+    assert events[-1]["status"] == "complete"
+    assert stored["status"] == "complete"
 
 
 def test_emulator_engine_streams_emoji_intact(daphne, account, emulator):
