@@ -1,6 +1,7 @@
 """Control over Redis pub/sub, on a connection of its own.
 
-Every process subscribes to one channel (``chat:control``) on a dedicated connection and
+Every process subscribes to one channel (``chat:control``, named after the Redis database
+when it is not 0: ``channel_for``) on a dedicated connection and
 publishes on the shared pool; the listener task only reads that connection, so no other
 consumer of any shared receive path (the Channels layer's, say) can delay a Stop.
 Pub/sub delivers to the processes connected at that moment: a process that is not (a
@@ -35,11 +36,23 @@ log = logging.getLogger(__name__)
 UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
-class RedisControl(Control):
-    """Options: ``LOCATION`` (the Redis URL), ``CHANNEL`` (``chat:control``)."""
+CHANNEL = "chat:control"
 
-    def __init__(self, *, location: str, channel: str = "chat:control") -> None:
-        self.channel = channel
+
+def channel_for(database: int) -> str:
+    """The channel of the deployments using Redis database ``database``. Pub/sub channels
+    are the server's, not a database's: deployments sharing one Redis server under other
+    database numbers (staging beside production, a test run beside a dev server) heard
+    each other's control messages, the feed's titles of another deployment's users among
+    them. Database 0 keeps the plain name."""
+    return CHANNEL if database == 0 else f"{CHANNEL}:{database}"
+
+
+class RedisControl(Control):
+    """Options: ``LOCATION`` (the Redis URL), ``CHANNEL`` (by default ``chat:control``,
+    and ``chat:control:<n>`` on database ``n``: ``channel_for``)."""
+
+    def __init__(self, *, location: str, channel: str | None = None) -> None:
         # Blocking: a burst of sends past the bound waits for a connection, never fails.
         pool = aioredis.BlockingConnectionPool.from_url(
             location,
@@ -51,6 +64,7 @@ class RedisControl(Control):
             socket_connect_timeout=5,
         )
         self.redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
+        self.channel = channel or channel_for(int(pool.connection_kwargs.get("db") or 0))
         self._task: asyncio.Task[None] | None = None
         self.subscribed = asyncio.Event()
         # Encoded messages waiting for the next PUBLISH, with their senders' waiters

@@ -143,3 +143,32 @@ async def test_the_in_memory_control_posts_in_order() -> None:
     for n in range(3):
         control.post(f"m{n}", {"n": n})
     assert await kept.wait_for(3) == [{"n": n, "mid": f"m{n}"} for n in range(3)]
+
+
+def _on_database(url: str, database: int) -> str:
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{database}"
+
+
+async def test_deployments_on_other_databases_of_one_server_do_not_hear_each_other() -> None:
+    """Pub/sub channels are the server's, not a database's: each database's deployment
+    has a channel of its own (``chat:control`` on database 0, where it always was)."""
+    heard = {database: Kept() for database in (0, 5, 6)}
+    controls = [RedisControl(location=_on_database(REDIS_URL, database)) for database in heard]
+    assert [c.channel for c in controls] == ["chat:control", "chat:control:5", "chat:control:6"]
+    try:
+        for control, kept in zip(controls, heard.values(), strict=True):
+            await control.start(kept)
+            await asyncio.wait_for(control.subscribed.wait(), HANG)
+        mid = uuid.uuid4().hex
+        await controls[1].send(mid, {"type": "cancel"})
+        await controls[1].send(mid, {"type": "cancel", "last": True})
+        assert [m["mid"] for m in await heard[5].wait_for(2)] == [mid, mid]
+        # The others' listeners had every chance to hear it: they got nothing of it.
+        await controls[0].send(mid, {"type": "marker"})
+        await heard[0].wait_for(1)
+        assert [m.get("type") for m in heard[0].messages if m["mid"] == mid] == ["marker"]
+        assert not [m for m in heard[6].messages if m["mid"] == mid]
+    finally:
+        for control in controls:
+            await control.stop()
