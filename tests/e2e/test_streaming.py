@@ -226,6 +226,23 @@ def test_dropped_connection_resumes_without_losing_or_repeating_text(
     _assert_resumed_exactly(chat, answer)
 
 
+@pytest.mark.parametrize("transport", ["sse", "ws"])
+def test_text_the_log_no_longer_holds_is_shown_from_the_stored_answer(
+    open_chat, daphne, transport
+):
+    """The page was offline while the answer ended, and the log let it go (kept 0 s here;
+    a day by default, a laptop asleep longer): the resume is told text is missing, and the
+    answer ends as the server stored it, never partial and marked complete."""
+    chat = open_chat(daphne(STREAM_LOG_TTL="0"))
+    chat.use_transport(transport)
+    answer = _slow_answer(chat)
+    chat.context.set_offline(True)
+    ended = chat.wait_for_server_status(answer, "complete")
+    chat.context.set_offline(False)
+    _assert_resumed_exactly(chat, answer)
+    assert len(ended["content"]) > len("tell me")
+
+
 def test_offline_past_the_grace_period_shows_connection_lost(open_chat, daphne):
     chat = open_chat(daphne(STREAM_ABANDON_GRACE="0.5"))
     answer = _slow_answer(chat, tokens_per_second=10)

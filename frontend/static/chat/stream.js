@@ -15,6 +15,10 @@ const MAX_RETRY_MS = 8000;
 
 const TRANSPORTS = { sse: openSse, ws: openWs };
 
+// The errors a resume gets when the log no longer holds what it missed: the text shown
+// has a hole, which the stored message fills (docs/protocol.md).
+const TEXT_MISSING = new Set(["resume_gap", "resume_unavailable"]);
+
 export class MessageStream {
   /**
    * @param {string} messageId
@@ -40,6 +44,8 @@ export class MessageStream {
     this.timer = null;
     this.finished = false;
     this.receivedSinceOpen = false;
+    // Text was missed (`TEXT_MISSING`): the end is taken from the stored message.
+    this.missing = false;
     this.onOnline = () => {
       if (this.timer !== null) this.retryNow();
     };
@@ -100,11 +106,27 @@ export class MessageStream {
     this.cursor = event.seq;
     this.receivedSinceOpen = true;
     this.attempt = 0;
+    if (event.type === "error" && event.error && TEXT_MISSING.has(event.error.code)) this.missing = true;
     this.view.event(event);
     if (event.type === "done" && event.seq > this.settled) {
       this.close(true);
-      this.view.ended(event);
+      if (this.missing) this.settleFromStore();
+      else this.view.ended(event);
     }
+  }
+
+  /** The answer ended with a hole in what was shown: it ends as the server stored it,
+   * never partial and marked complete. If the store cannot be read now, it says so
+   * (a reload shows it whole). */
+  async settleFromStore() {
+    let message;
+    try {
+      message = await messages.get(this.messageId);
+    } catch {
+      this.view.failed("part of its text did not arrive; reload to see all of it");
+      return;
+    }
+    this.view.settled(message);
   }
 
   lost(reason) {
