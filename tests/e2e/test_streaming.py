@@ -122,6 +122,42 @@ def test_stop_then_continue_extends_the_same_bubble(open_chat, transport):
 
 
 @pytest.mark.parametrize("transport", ["sse", "ws"])
+def test_a_continue_whose_answer_was_lost_is_shown_as_the_server_has_it(open_chat, transport):
+    """The Continue reached the server and its answer was lost on the way back: the page
+    shows the continued answer as the server streams it, and a second Continue goes on
+    from all of it."""
+    chat = open_chat()
+    page = chat.page
+    chat.use_transport(transport)
+    answer = chat.ask("count", text=COUNTING, max_tokens=3, tokens_per_second=50)
+    expect(answer).to_have_attribute("data-status", "truncated")
+    lost = []
+
+    def reached_then_lost(route) -> None:
+        if lost:
+            route.continue_()
+            return
+        lost.append(route.fetch().status)
+        route.abort("connectionreset")
+
+    page.route("**/continue/", reached_then_lost)
+    with page.expect_event("requestfailed"):
+        answer.get_by_role("button", name="Continue").click()
+    assert lost == [202]
+    # Drawn again as the server has it: the continued answer, followed to its end.
+    answer = page.locator("article.assistant").last
+    expect(chat.content(answer)).to_have_text("One two three four five six")
+    expect(answer).to_have_attribute("data-status", "truncated")
+    assert chat.server_message(answer)["content"] == "One two three four five six"
+    answer.get_by_role("button", name="Continue").click()
+    nine = "One two three four five six seven eight nine"
+    expect(chat.content(answer)).to_have_text(nine)
+    expect(answer).to_have_attribute("data-status", "truncated")
+    assert chat.server_message(answer)["content"] == nine
+    assert chat.errors == []
+
+
+@pytest.mark.parametrize("transport", ["sse", "ws"])
 def test_a_page_opened_while_a_continue_streams_follows_the_continue(open_chat, transport):
     """The page replays the answer from its first event: the first segment's end (Stopped
     by you) is not the answer's end while its Continue streams."""

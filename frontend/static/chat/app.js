@@ -425,6 +425,10 @@ async function continueAnswer(bubble) {
   } catch (error) {
     bubble.continueButton.disabled = false;
     showError(error);
+    // It may have reached the server though no answer came back: the conversation is
+    // drawn as the server has it (a continued answer followed there), so the page never
+    // shows less than was said, and a next Continue goes on from what really was.
+    if (unanswered(error) && state.conversationId === conversationId) openConversation(conversationId);
     return;
   } finally {
     state.continuing.delete(bubble.id);
