@@ -105,6 +105,23 @@ def test_a_second_tab_shows_what_the_first_sent_and_follows_its_answer(open_chat
     assert other.errors == []
 
 
+def test_a_double_click_on_regenerate_makes_one_version(open_chat) -> None:
+    chat = open_chat()
+    page = chat.page
+    first = chat.ask("Tell me about rivers", **QUICK)
+    finished(first)
+    chat.simulate(length=40, ttft_ms=0, tokens_per_second=100)
+    first.get_by_role("button", name="Regenerate this answer").dblclick()
+    answers = page.locator("article.message.assistant")
+    finished(answers.last)
+    expect(answers.last.locator(".version-count")).to_have_text("2 / 2")
+    conversation = re.search(r"#/c/([0-9a-f-]+)", page.url)
+    assert conversation, page.url
+    tree = chat.api_get(f"/api/conversations/{conversation.group(1)}/messages/?tree=true")
+    assert [m["role"] for m in tree["results"]] == ["user", "assistant", "assistant"]
+    assert chat.errors == []
+
+
 def test_a_message_goes_after_the_answer_shown_here(open_chat) -> None:
     """Another tab switched the conversation's branch and this one has not heard yet (its
     feed event on the way): a message sent here goes after the answer shown here."""

@@ -448,6 +448,9 @@ async function continueAnswer(bubble) {
  * (a new answer in it is followed like any streaming answer; `keep` as for
  * `openConversation`). True when it worked. */
 async function changeBranch(change, keep = null) {
+  // One at a time: a second click (a double-click on Regenerate) while one is on its way
+  // would make a second version, streaming beside the first.
+  if (state.branching) return false;
   const id = state.conversationId;
   const at = performance.now();
   state.branching = true;
