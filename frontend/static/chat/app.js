@@ -177,8 +177,10 @@ searchInput.addEventListener("input", () => {
 
 // A new conversation is created with its first message, so no empty ones pile up.
 function newConversation() {
-  if (location.hash) location.hash = "";
-  else openConversation(null);
+  // At once, not on the hashchange that setting the hash would queue: what is typed and
+  // sent right after the click belongs to the new conversation, not the one left.
+  if (location.hash) history.pushState(null, "", location.pathname + location.search);
+  openConversation(null);
   input.focus();
 }
 $("new-conversation").addEventListener("click", newConversation);
