@@ -2,7 +2,9 @@
 
 ``cut()`` closes every open connection in both directions and turns new ones away until
 ``restore()``: the browser sees its streams die mid-response and its retries fail, exactly
-as when a proxy or the network goes away, while Daphne keeps generating.
+as when a proxy or the network goes away, while Daphne keeps generating. ``freeze()``
+makes the open connections go silent without closing (a NAT or proxy that dropped them):
+only the silence tells; new connections pass.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ class Relay:
         self.port = self.listener.getsockname()[1]
         self.lock = threading.Lock()
         self.open: set[socket.socket] = set()
+        self.frozen: set[socket.socket] = set()
         self.refusing = threading.Event()
         self.cuts = 0
         threading.Thread(target=self._accept, daemon=True).start()
@@ -57,7 +60,8 @@ class Relay:
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
+                if src not in self.frozen:
+                    dst.sendall(data)
         except OSError:
             pass
         finally:
@@ -79,6 +83,11 @@ class Relay:
             victims = list(self.open)
         for sock in victims:
             self._close(sock)
+
+    def freeze(self) -> None:
+        """Stop forwarding on every open connection, in both directions, closing none."""
+        with self.lock:
+            self.frozen.update(self.open)
 
     def restore(self) -> None:
         self.refusing.clear()

@@ -263,9 +263,24 @@ def test_dropped_connection_resumes_without_losing_or_repeating_text(
 
 
 @pytest.mark.parametrize("transport", ["sse", "ws"])
-def test_text_the_log_no_longer_holds_is_shown_from_the_stored_answer(
-    open_chat, daphne, transport
+def test_a_connection_gone_silent_is_given_up_and_resumed(
+    open_chat, daphne, relay_factory, transport
 ):
+    """The connections go silent without closing (a proxy dropped them): after three of
+    the server's heartbeats without a byte the page gives its stream up and resumes."""
+    server = daphne(STREAM_PING_INTERVAL="1")
+    relay = relay_factory(server.port)
+    chat = open_chat(server, base_url=relay.url)
+    chat.use_transport(transport)
+    answer = _slow_answer(chat, tokens_per_second=4)
+    relay.freeze()
+    chat.note("the relay is frozen")
+    assert chat.server_message(answer)["status"] == "streaming", "frozen after the end"
+    _assert_resumed_exactly(chat, answer)
+
+
+@pytest.mark.parametrize("transport", ["sse", "ws"])
+def test_text_the_log_no_longer_holds_is_shown_from_the_stored_answer(open_chat, daphne, transport):
     """The page was offline while the answer ended, and the log let it go (kept 0 s here;
     a day by default, a laptop asleep longer): the resume is told text is missing, and the
     answer ends as the server stored it, never partial and marked complete."""

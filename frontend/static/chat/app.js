@@ -15,10 +15,10 @@ import { installShortcuts } from "./shortcuts.js";
 import { Sidebar } from "./sidebar.js";
 import { MessageStream } from "./stream.js";
 import { themeSwitch } from "./theme.js";
-import { chatSocket } from "./transports/ws.js";
+import { heartbeat } from "./transports/heartbeat.js";
 
 const config = JSON.parse(document.getElementById("chat-config").textContent);
-chatSocket.configure(config.pingInterval);
+heartbeat.configure(config.pingInterval);
 
 const $ = (id) => document.getElementById(id);
 const app = $("app");

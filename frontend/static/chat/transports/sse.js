@@ -1,39 +1,71 @@
-// Server-Sent Events: one EventSource per message stream, opened at a cursor with ?after=.
+// Server-Sent Events: one request per message stream, opened at a cursor with ?after=.
 //
-// EventSource would reconnect by itself, but on its own schedule and only for some
-// failures; the stream closes it on the first error and reopens from its own cursor, so
+// Read with fetch (`eventstream.js`) rather than EventSource, which would reconnect by
+// itself on its own schedule, and hides the server's heartbeats: a stream that fails or
+// goes silent is closed and reported, and the stream reopens it from its own cursor, so
 // both transports recover the same way.
 
-const TYPES = ["start", "delta", "reasoning", "tool_call", "done"];
+import { Silent, readFrames } from "./eventstream.js";
+import { heartbeat } from "./heartbeat.js";
+
+const TYPES = new Set(["start", "delta", "reasoning", "tool_call", "error", "done"]);
 
 export function openSse(messageId, after, sink) {
-  const source = new EventSource(`/api/messages/${encodeURIComponent(messageId)}/stream/?after=${after}`, {
-    withCredentials: true,
-  });
+  const url = `/api/messages/${encodeURIComponent(messageId)}/stream/?after=${after}`;
+  const aborted = new AbortController();
   let closed = false;
-  const deliver = (e) => {
-    if (!closed) sink.event(JSON.parse(e.data));
-  };
-  for (const type of TYPES) source.addEventListener(type, deliver);
-  // `event: error` frames and connection errors share the name "error": only the frames
-  // carry data.
-  source.addEventListener("error", (e) => {
+  let reading = null;
+  const lose = (reason) => {
     if (closed) return;
-    if (typeof e.data === "string") {
-      deliver(e);
+    closed = true;
+    sink.lost(reason);
+  };
+  (async () => {
+    let response;
+    // The server answers a stream's request at once: no answer for as long as three
+    // heartbeats is a connection gone silent (a kept-alive one the network dropped, which
+    // the browser would otherwise wait on for minutes).
+    let unanswered = false;
+    const answerDue = setTimeout(() => {
+      unanswered = true;
+      aborted.abort();
+    }, heartbeat.limitMs);
+    try {
+      response = await fetch(url, {
+        credentials: "same-origin",
+        cache: "no-store",
+        headers: { Accept: "text/event-stream" },
+        signal: aborted.signal,
+      });
+    } catch {
+      lose(unanswered ? "no answer from the server" : "the event stream was interrupted");
+      return;
+    } finally {
+      clearTimeout(answerDue);
+    }
+    if (closed) return;
+    if (response.status !== 200 || !response.body) {
+      // A finished message read to its end (204), a refusal: the stream asks the REST API.
+      response.body?.cancel().catch(() => {});
+      lose("the event stream was interrupted");
       return;
     }
-    closed = true;
-    source.close();
-    sink.lost("the event stream was interrupted");
-  });
-  source.addEventListener("open", () => {
-    if (!closed) sink.opened();
-  });
+    sink.opened();
+    reading = readFrames(response, (frame) => {
+      if (!closed && TYPES.has(frame.name)) sink.event(frame.data);
+    });
+    try {
+      await reading.done;
+      lose("the event stream was interrupted");
+    } catch (error) {
+      lose(error instanceof Silent ? error.message : "the event stream was interrupted");
+    }
+  })();
   return {
     close() {
       closed = true;
-      source.close();
+      aborted.abort();
+      if (reading) reading.cancel();
     },
   };
 }

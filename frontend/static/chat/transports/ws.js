@@ -4,6 +4,8 @@
 // been silent for several server heartbeats counts as lost: every subscription is told,
 // and each stream resubscribes from its own cursor when it retries.
 
+import { heartbeat } from "./heartbeat.js";
+
 const STREAM_TYPES = new Set(["start", "delta", "reasoning", "tool_call", "error", "done"]);
 
 class ChatSocket {
@@ -12,11 +14,6 @@ class ChatSocket {
     this.subscriptions = new Map(); // message id -> {after, sink}
     this.watchdog = null;
     this.lastFrameAt = 0;
-    this.silenceLimitMs = 45000;
-  }
-
-  configure(pingIntervalSeconds) {
-    this.silenceLimitMs = Math.max(pingIntervalSeconds * 3, 5) * 1000;
   }
 
   subscribe(messageId, after, sink) {
@@ -95,7 +92,7 @@ class ChatSocket {
   startWatchdog() {
     clearInterval(this.watchdog);
     this.watchdog = setInterval(() => {
-      if (this.subscriptions.size && Date.now() - this.lastFrameAt > this.silenceLimitMs) {
+      if (this.subscriptions.size && Date.now() - this.lastFrameAt > heartbeat.limitMs) {
         this.lost("no heartbeat from the server");
       }
     }, 1000);

@@ -1,0 +1,64 @@
+// Reading a `text/event-stream` response with fetch: the stream a POST answers with, and a
+// message's stream. EventSource hides the server's `: ping` comments, so a connection that
+// went silent without closing could not be told from a quiet answer; read here, every
+// byte counts as a sign of life (`heartbeat.js`).
+
+import { heartbeat } from "./heartbeat.js";
+
+/** The complete events at the start of `buffer.text` (taken out of it), as
+ * `{name, data}` with `data` parsed; comments and `id:`/`retry:` lines are skipped. */
+export function* frames(buffer) {
+  let end;
+  while ((end = buffer.text.indexOf("\n\n")) !== -1) {
+    const block = buffer.text.slice(0, end);
+    buffer.text = buffer.text.slice(end + 2);
+    let name = "message";
+    const data = [];
+    for (const line of block.split("\n")) {
+      if (line.startsWith("event:")) name = line.slice(6).trim();
+      else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+    }
+    if (data.length) yield { name, data: JSON.parse(data.join("\n")) };
+  }
+}
+
+/** The server's silence, as the error a read of the stream ends with. */
+export class Silent extends Error {}
+
+/**
+ * Read `response`'s events, calling `onFrame` with each. `done` resolves when the body
+ * ends or `cancel()` was called, and rejects when the connection failed, or with `Silent`
+ * after `heartbeat.limitMs` without a byte.
+ */
+export function readFrames(response, onFrame) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  const buffer = { text: "" };
+  let lastAt = Date.now();
+  let silent = false;
+  const watchdog = setInterval(() => {
+    if (Date.now() - lastAt <= heartbeat.limitMs) return;
+    silent = true;
+    reader.cancel().catch(() => {});
+  }, 1000);
+  const done = (async () => {
+    try {
+      for (;;) {
+        const { value, done: ended } = await reader.read();
+        if (ended) break;
+        lastAt = Date.now();
+        buffer.text += decoder.decode(value, { stream: true });
+        for (const frame of frames(buffer)) onFrame(frame);
+      }
+    } finally {
+      clearInterval(watchdog);
+    }
+    if (silent) throw new Silent("no heartbeat from the server");
+  })();
+  return {
+    done,
+    cancel() {
+      reader.cancel().catch(() => {});
+    },
+  };
+}
