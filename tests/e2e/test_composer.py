@@ -4,6 +4,7 @@ an answer streams."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from playwright.sync_api import expect
 
@@ -263,12 +264,19 @@ def test_sending_again_after_the_retries_gave_up_makes_no_second_message(open_ch
     assert len(keys) > 1 and len(set(keys)) == 1, keys
     expect(box).to_have_value("second")  # nothing typed is lost
     page.unroute("**/api/conversations/*/messages/")
+    # Another tab shows the branch again, and this one draws the conversation again: with
+    # the message the first post made, its answer now the one shown last.
+    url = f"{chat.api_url}/api/conversations/{conversation}/"
+    token = {"Authorization": f"Token {chat.token}"}
+    leaf = chat.api_get(f"/api/conversations/{conversation}/")["current_leaf"]
+    assert httpx.patch(url, json={"current_leaf": leaf}, headers=token).status_code == 200
+    answers = page.locator("article.message.assistant")
+    expect(answers).to_have_count(2)
 
     with page.expect_request("**/api/conversations/*/messages/") as resent:
         box.press("Enter")
     assert resent.value.headers.get("idempotency-key") == keys[0]
-    answers = page.locator("article.message.assistant")
-    expect(answers).to_have_count(2)
+    assert resent.value.post_data_json["parent_id"] == first.get_attribute("data-message-id")
     expect(chat.content(answers.nth(1))).to_have_text("two")
     expect(page.locator("article.message.user")).to_have_count(2)
     assert _messages_of(chat, conversation) == 4

@@ -569,13 +569,9 @@ function generationParams() {
 // the first post made if it did reach it, instead of making the message twice.
 let unansweredSend = null;
 
-function keyFor(target, content, parentId) {
-  const same =
-    unansweredSend &&
-    unansweredSend.target === target &&
-    unansweredSend.content === content &&
-    unansweredSend.parentId === parentId;
-  return same ? unansweredSend.key : idempotencyKey();
+function unansweredAgain(target, content) {
+  const same = unansweredSend && unansweredSend.target === target && unansweredSend.content === content;
+  return same ? unansweredSend : null;
 }
 
 async function send() {
@@ -592,9 +588,12 @@ async function send() {
   updateControls();
   notices.clear();
   const startedIn = state.conversationId;
-  // After the answer this tab shows, wherever another tab has moved the conversation since.
-  const parentId = startedIn ? answerShownLast() : null;
-  const key = keyFor(startedIn, content, parentId);
+  // After the answer this tab shows, wherever another tab has moved the conversation since;
+  // sent again as it was, after the answer it was sent after (the page may show the
+  // message it made by now), with its key.
+  const again = unansweredAgain(startedIn, content);
+  const parentId = again ? again.parentId : startedIn ? answerShownLast() : null;
+  const key = again ? again.key : idempotencyKey();
   try {
     const askedAt = performance.now();
     // A new conversation is made with its first message, or not at all: a refused
