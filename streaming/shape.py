@@ -33,19 +33,39 @@ def _closes(line: str, char: str, length: int) -> bool:
     )
 
 
-def has_unclosed_code_block(text: str) -> bool:
-    """True when ``text`` ends inside a fenced code block (``` or ~~~).
+# Containers a fence can sit in: block quote markers, and a list item's marker, whose
+# content column its later lines are indented to.
+_QUOTES = re.compile(r"(?: {0,3}> ?)*")
+_LIST_ITEM = re.compile(r" {0,3}(?:[-*+]|\d{1,9}[.)])(?: {1,4}|$)")
 
-    Top-level fences only: fences nested in block quotes or list items are rare in model
-    output and are treated like top-level ones.
-    """
+
+def has_unclosed_code_block(text: str) -> bool:
+    """True when ``text`` ends inside a fenced code block (``` or ~~~), at the top level,
+    in a block quote or in a list item (its lines indented to the item's content, as a
+    numbered step's code block is): where a Markdown renderer shows a code block left
+    open. Lazy continuation lines and nested lists deeper than one item are read as the
+    item's own."""
     char, length = "", 0
-    for line in _lines(text):
+    column = 0  # the content column of the list item the lines belong to (0: none)
+    for raw in _lines(text):
+        line = _QUOTES.sub("", raw, count=1)  # matches at the start, if only emptily
+        item = _LIST_ITEM.match(line)
         if char:
-            if _closes(line, char, length):
+            inner = line[column:] if line[:column].strip() == "" else line
+            if _closes(inner, char, length):
                 char = ""
             continue
-        match = _FENCE.fullmatch(line)
+        if item is not None:
+            column = item.end()
+            inner = line[column:]
+        elif not line.strip():
+            continue
+        elif column and len(line) - len(line.lstrip(" ")) >= column:
+            inner = line[column:]
+        else:
+            column = 0
+            inner = line
+        match = _FENCE.fullmatch(inner)
         if match is None:
             continue
         run, info = match[1], match[2]

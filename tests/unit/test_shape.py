@@ -25,6 +25,15 @@ from streaming.shape import has_unclosed_code_block, json_validity
         ("```a\n```\n```b\nsecond block open", True),
         ("```\r\ncode\r\n```\r\n", False),
         ("", False),
+        # In a block quote, or in a list item (the item's content column, however deep).
+        ("> ```python\n> print(1)", True),
+        ("> ```python\n> print(1)\n> ```\nafter", False),
+        ("> > ~~~\n> > nested quote", True),
+        ("10. Install it:\n\n    ```bash\n    pip install x", True),
+        ("10. Install it:\n\n    ```bash\n    pip install x\n    ```\n11. Done", False),
+        ("- ```js\n  let a = 1;", True),
+        ("1. Step\n   ```\n   code\n   ```", False),
+        ("1. Step\n\nback at the top\n    ```\nindented code again", False),
     ],
 )
 def test_has_unclosed_code_block(text: str, unclosed: bool) -> None:
