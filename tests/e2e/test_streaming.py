@@ -157,6 +157,26 @@ def test_a_continue_whose_answer_was_lost_is_shown_as_the_server_has_it(open_cha
     assert chat.errors == []
 
 
+def test_escape_while_a_continue_is_on_its_way_stops_it_once_started(open_chat):
+    chat = open_chat()
+    page = chat.page
+    answer = chat.ask("count", text=COUNTING, stall_after_tokens=3, tokens_per_second=100)
+    expect(chat.content(answer)).to_have_text("One two three")
+    page.get_by_role("button", name="Stop").click()
+    expect(answer).to_have_attribute("data-status", "cancelled")
+    held = []
+    page.route("**/continue/", lambda route: held.append(route))  # answered after Escape
+    with page.expect_request("**/continue/"):
+        answer.get_by_role("button", name="Continue").click()
+    page.get_by_label("Message", exact=True).press("Escape")
+    held[0].continue_()
+    stopped = chat.wait_for_server_status(answer, "cancelled")
+    assert len(stopped["segments"]) == 2, "the Continue started, then was stopped"
+    expect(answer).to_have_attribute("data-status", "cancelled")
+    expect(chat.content(answer)).to_have_text(stopped["content"])
+    assert chat.errors == []
+
+
 @pytest.mark.parametrize("transport", ["sse", "ws"])
 def test_a_page_opened_while_a_continue_streams_follows_the_continue(open_chat, transport):
     """The page replays the answer from its first event: the first segment's end (Stopped

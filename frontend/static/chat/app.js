@@ -425,6 +425,7 @@ async function continueAnswer(bubble) {
   try {
     answer = await messages.continue(bubble.id);
   } catch (error) {
+    stopWhenStarted.delete(bubble.id);
     bubble.continueButton.disabled = false;
     showError(error);
     // It may have reached the server though no answer came back: the conversation is
@@ -436,13 +437,15 @@ async function continueAnswer(bubble) {
     state.continuing.delete(bubble.id);
   }
   // Drawn again meanwhile (the feed came back) after the Continue began: followed there.
-  if (state.live.has(bubble.id)) return;
-  bubble.setStreaming();
-  follow(bubble, conversationId, { after: answer.after, startedAt: askedAt });
-  // Drawn again from before the Continue: drawn once more, with this bubble in it.
-  if (!bubble.node.isConnected && state.conversationId === conversationId) {
-    openConversation(conversationId);
+  if (!state.live.has(bubble.id)) {
+    bubble.setStreaming();
+    follow(bubble, conversationId, { after: answer.after, startedAt: askedAt });
+    // Drawn again from before the Continue: drawn once more, with this bubble in it.
+    if (!bubble.node.isConnected && state.conversationId === conversationId) {
+      openConversation(conversationId);
+    }
   }
+  if (stopWhenStarted.delete(bubble.id)) requestStop(bubble.id);
 }
 
 // --- versions: regenerate, edit, switch ------------------------------------------------
@@ -660,8 +663,14 @@ const pendingStops = new Set();
 function stop() {
   const entries = streamingHere();
   for (const entry of entries) requestStop(entry.bubble.id);
-  return entries.length > 0;
+  // A Continue still on its way: stopped as soon as it has started.
+  const continuing = [...state.continuing].filter((id) => messageNode(id));
+  for (const id of continuing) stopWhenStarted.add(id);
+  return entries.length > 0 || continuing.length > 0;
 }
+
+// Continues asked to stop before their request was answered.
+const stopWhenStarted = new Set();
 
 async function requestStop(messageId) {
   const entry = state.live.get(messageId);
