@@ -17,37 +17,6 @@ SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
 # The newest lines a page's journal keeps: enough for a few answers' requests and retries.
 JOURNAL_LINES = 500
 
-# The page's EventSources say in its console how each connection went (opened, its first
-# event, its `done`, errors, closed by the page): a stream that never ends in a failed test
-# shows where it stopped.
-TRACE_EVENT_SOURCES = """(() => {
-  const Native = window.EventSource;
-  window.EventSource = class extends Native {
-    constructor(url, init) {
-      super(url, init);
-      const say = (what) =>
-        console.debug(`at ${Math.round(performance.now())} ms EventSource ${url}: ${what}`);
-      let first = true;
-      const seen = (e) => {
-        if (first || e.type === "done") say(`${e.type} ${e.data.slice(0, 120)}`);
-        first = false;
-      };
-      for (const type of ["start", "delta", "reasoning", "tool_call", "done"]) {
-        this.addEventListener(type, seen);
-      }
-      this.addEventListener("open", () => say("open"));
-      this.addEventListener("error", (e) => {
-        if (typeof e.data === "string") say(`error ${e.data}`);
-        else say(`connection error, readyState ${this.readyState}`);
-      });
-      this.say = say;
-    }
-    close() {
-      this.say("closed by the page");
-      super.close();
-    }
-  };
-})();"""
 
 # Every message the page shows, as its bubble says it: for a failed test's report.
 SHOWN_MESSAGES = """() => [...document.querySelectorAll("article.message")].map((node) => ({
@@ -76,7 +45,7 @@ class ChatPage:
         # errors and console, every request but static files' and how it ended, every
         # WebSocket and its frames but an answer's text. Each line's time is when the test
         # received it: Playwright delivers a page's events while the test is in one of its
-        # calls (the EventSources' own lines carry the page's clock).
+        # calls.
         self.journal: deque[str] = deque(maxlen=JOURNAL_LINES)
         self.opened_at = time.monotonic()
         page = self.page
@@ -87,7 +56,6 @@ class ChatPage:
         page.on("requestfinished", lambda r: self._request("finished", r))
         page.on("requestfailed", lambda r: self._request(f"failed ({r.failure})", r))
         page.on("websocket", self._websocket)
-        page.add_init_script(TRACE_EVENT_SOURCES)
 
     def note(self, line: str) -> None:
         """Add a line to the journal (a test marks its own steps, a cut, with it too)."""
