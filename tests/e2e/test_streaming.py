@@ -333,6 +333,21 @@ def test_offline_past_the_grace_period_shows_connection_lost(open_chat, daphne):
     _assert_resumed_exactly(chat, answer)
 
 
+def test_an_answer_that_ended_while_its_stream_failed_shows_its_record(open_chat, daphne):
+    """Every stream request fails (a proxy's 502 for the streams alone) while the answer
+    ends: the page asks the REST API, and shows the stored answer and how it ended."""
+    chat = open_chat(daphne(STREAM_ABANDON_GRACE="0.5"))
+    chat.use_transport("sse")
+    answer = _slow_answer(chat, tokens_per_second=10)
+    chat.page.route("**/stream/**", lambda route: route.fulfill(status=502, body="bad gateway"))
+    chat.context.set_offline(True)
+    abandoned = chat.wait_for_server_status(answer, "abandoned")
+    chat.context.set_offline(False)
+    expect(answer.locator(".cut-off")).to_contain_text("Connection lost")
+    expect(chat.content(answer)).to_have_text(abandoned["content"])
+    assert chat.errors == []
+
+
 def test_engine_failures_are_named(open_chat, daphne):
     chat = open_chat(daphne(STREAM_STALL_TIMEOUT="1"))
     failed = chat.ask("fail", text=COUNTING, error_after_tokens=3, tokens_per_second=200)

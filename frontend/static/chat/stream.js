@@ -164,7 +164,9 @@ export class MessageStream {
       if (error.status === 404) this.fail("this message no longer exists");
       return;
     }
-    if (this.finished || message.status === "streaming" || message.last_seq > this.cursor) return;
+    // Ended: shown as stored, whatever the stream had still to give (it keeps failing:
+    // this is asked only after a retry that got nothing).
+    if (this.finished || message.status === "streaming") return;
     this.close();
     this.view.settled(message);
   }
