@@ -271,9 +271,7 @@ class GenerationParamsField(serializers.DictField):
     """A JSON object passed on unchanged to ``streaming.params`` for validation."""
 
 
-class MessageBodySerializer(StrictFields):
-    """What a question is asked with: a post's, and an edit's."""
-
+class PostMessageSerializer(StrictFields):
     content = TextField(
         max_length=settings.MAX_MESSAGE_CHARS, trim_whitespace=False, allow_blank=False
     )
@@ -286,13 +284,13 @@ class MessageBodySerializer(StrictFields):
     )
 
 
-class PostMessageSerializer(MessageBodySerializer):
+class ConversationPostSerializer(PostMessageSerializer):
     parent_id = UUIDText(
         required=False,
         allow_null=True,
         help_text="the answer the question goes after, as the client shows the conversation; "
         "another than the current leaf makes a new branch there. Absent or null: after the "
-        "current leaf (a new conversation's first message has none to name)",
+        "current leaf",
     )
 
 
@@ -303,7 +301,7 @@ class RegenerateSerializer(StrictFields):
     stop = Flag(required=False, default=False, help_text="stop the old answer first if it streams")
 
 
-class EditSerializer(MessageBodySerializer):
+class EditSerializer(PostMessageSerializer):
     stop = Flag(
         required=False, default=False, help_text="stop the branch below first if it streams"
     )

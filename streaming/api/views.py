@@ -29,6 +29,7 @@ from streaming import params, selectors, services
 from streaming.api.authentication import AUTHENTICATION_CLASSES
 from streaming.api.parsers import JSONBodyParser, PayloadTooLarge
 from streaming.api.serializers import (
+    ConversationPostSerializer,
     ConversationSerializer,
     EditSerializer,
     ErrorSerializer,
@@ -273,7 +274,7 @@ class ConversationMessages(JSONView, generics.ListAPIView):
         return self.get_paginated_response(data.data)
 
     @extend_schema(
-        request=PostMessageSerializer,
+        request=ConversationPostSerializer,
         responses=POST_RESPONSES,
         parameters=[WAIT, IDEMPOTENCY_KEY],
     )
@@ -286,7 +287,8 @@ class ConversationMessages(JSONView, generics.ListAPIView):
 def _post_message(request: Request, conversation_id: Any) -> Response:
     """``conversation_id`` ``None``: in a new conversation, made with the message."""
     wait = _wants_wait(request)
-    body = PostMessageSerializer(data=request.data)
+    kind = PostMessageSerializer if conversation_id is None else ConversationPostSerializer
+    body = kind(data=request.data)
     body.is_valid(raise_exception=True)
     parent_id = body.validated_data.get("parent_id")
     exchange = services.create_exchange(

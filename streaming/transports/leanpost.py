@@ -13,7 +13,7 @@ as the REST API would:
   authentication runs it), unless sessions are saved on every request or secret keys
   are rotating (``SECRET_KEY_FALLBACKS``: resolving the user may move the session);
 - a ``application/json`` body with a ``Content-Length`` within ``MAX_REQUEST_BYTES``, a
-  JSON object that ``PostMessageSerializer`` would accept as it is;
+  JSON object that the route's serializer would accept as it is;
 - a host Django accepts (``ALLOWED_HOSTS``), and nothing Django's security or common
   middleware would redirect or refuse;
 - a creation that succeeds.
@@ -201,18 +201,21 @@ def _is_text(value: Any, longest: int, *, blank: bool) -> bool:
     )
 
 
-_POST_FIELDS = {"content", "params", "model", "parent_id"}
+_POST_FIELDS = {"content", "params", "model"}
+# A post to a conversation may name the answer it goes after; a new conversation has none.
+_CONVERSATION_POST_FIELDS = {*_POST_FIELDS, "parent_id"}
 
 
-def _post(body: bytes) -> dict[str, Any] | None:
-    """The body's fields when ``PostMessageSerializer`` takes it as it is, else None. A
-    ``parent_id`` of the wrong form, or on a new conversation's post, is refused by the
-    service, and so answered by Django."""
+def _post(body: bytes, *, new: bool) -> dict[str, Any] | None:
+    """The body's fields when the route's serializer (``PostMessageSerializer``, or
+    ``ConversationPostSerializer`` for a conversation's) takes it as it is, else None. A
+    ``parent_id`` of the wrong form is refused by the service, and so answered by Django."""
     try:
         data = decode_json_body(body)
     except InvalidBody:
         return None
-    if not isinstance(data, dict) or not data.keys() <= _POST_FIELDS:
+    fields = _POST_FIELDS if new else _CONVERSATION_POST_FIELDS
+    if not isinstance(data, dict) or not data.keys() <= fields:
         return None  # refused by Django, naming the key no field takes
     content, params, model = data.get("content"), data.get("params"), data.get("model", "")
     parent_id = data.get("parent_id")
@@ -329,7 +332,8 @@ async def create(scope: dict[str, Any], receive: Receive) -> Created | Receive:
         return receive
     body, received = await _body(receive, length)
     replay = _Replay(received, receive)
-    post = None if body is None else _post(body)
+    new = scope["url_route"]["kwargs"].get("conversation_id") is None
+    post = None if body is None else _post(body, new=new)
     if post is None:
         return replay
     # A token this process holds costs no trip; anything else is resolved with the

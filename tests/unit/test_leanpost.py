@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streaming import services
-from streaming.api.serializers import PostMessageSerializer
+from streaming.api.serializers import ConversationPostSerializer, PostMessageSerializer
 from streaming.errors import InvalidParams
 from streaming.transports import leanpost
 
@@ -26,8 +26,9 @@ VALUES = (
     | st.lists(st.integers(), max_size=2)
     | st.dictionaries(st.sampled_from(["max_tokens", "x"]), st.integers(), max_size=2)
 )
+BODIES = st.dictionaries(st.sampled_from(["content", "params", "model", "other"]), VALUES)
 ANSWER_ID = "0b7e4a52-9f3e-4c58-8d1e-2f6c1a9b3d47"
-BODIES = st.dictionaries(
+CONVERSATION_BODIES = st.dictionaries(
     st.sampled_from(["content", "params", "model", "parent_id", "other"]),
     VALUES | st.just(ANSWER_ID) | st.just(ANSWER_ID.upper()),
 )
@@ -36,18 +37,36 @@ BODIES = st.dictionaries(
 @given(BODIES)
 @example({"content": "0", "model": " "})  # the serializer trims a model's name
 @example({"content": " padded ", "model": "sim"})  # and keeps the content as it is
+@example({"content": "hi", "parent_id": ANSWER_ID})  # a new conversation has no parent
+@settings(max_examples=300, deadline=None)
+def test_what_it_takes_the_serializer_takes_unchanged(body: dict[str, Any]) -> None:
+    taken = leanpost._post(json.dumps(body).encode(), new=True)
+    if taken is None:
+        return
+    serializer = PostMessageSerializer(data=body)
+    assert serializer.is_valid(), serializer.errors
+    valid = serializer.validated_data
+    assert taken == {
+        "content": valid["content"],
+        "params": valid.get("params"),
+        "model": valid.get("model", ""),
+        "parent_id": None,
+    }
+
+
+@given(CONVERSATION_BODIES)
 @example({"content": "hi", "parent_id": ANSWER_ID})
 @example({"content": "hi", "parent_id": "not an id"})
 @settings(max_examples=300, deadline=None)
-def test_what_it_takes_the_serializer_takes_unchanged_or_the_service_refuses(
+def test_a_conversation_post_the_serializer_takes_or_the_service_refuses(
     body: dict[str, Any],
 ) -> None:
     """A ``parent_id`` of the wrong form is taken here and refused by the service (so
     Django answers); anything else taken, the serializer takes unchanged."""
-    taken = leanpost._post(json.dumps(body).encode())
+    taken = leanpost._post(json.dumps(body).encode(), new=False)
     if taken is None:
         return
-    serializer = PostMessageSerializer(data=body)
+    serializer = ConversationPostSerializer(data=body)
     if not serializer.is_valid():
         assert list(serializer.errors) == ["parent_id"], serializer.errors
         with pytest.raises(InvalidParams) as refused:
@@ -55,19 +74,11 @@ def test_what_it_takes_the_serializer_takes_unchanged_or_the_service_refuses(
         assert refused.value.field == "parent_id"
         return
     valid = serializer.validated_data
+    parent_id = valid.get("parent_id")
     assert taken["content"] == valid["content"]
     assert taken["params"] == valid.get("params")
     assert taken["model"] == valid.get("model", "")
-    assert services._parent_id(taken["parent_id"], new=False) == valid.get("parent_id")
-
-
-def test_a_new_conversations_post_naming_an_answer_is_refused_by_the_service() -> None:
-    taken = leanpost._post(json.dumps({"content": "hi", "parent_id": ANSWER_ID}).encode())
-    assert taken is not None
-    with pytest.raises(InvalidParams) as refused:
-        services._parent_id(taken["parent_id"], new=True)
-    assert refused.value.field == "parent_id"
-    assert services._parent_id(None, new=True) is None
+    assert services._parent_id(taken["parent_id"], new=False) == parent_id
 
 
 @pytest.mark.parametrize(
@@ -79,11 +90,11 @@ def test_a_new_conversations_post_naming_an_answer_is_refused_by_the_service() -
     ],
 )
 def test_it_takes_the_common_posts(body: dict[str, Any]) -> None:
-    assert leanpost._post(json.dumps(body).encode()) is not None
+    assert leanpost._post(json.dumps(body).encode(), new=True) is not None
 
 
 def test_a_key_no_field_takes_is_djangos_to_refuse() -> None:
-    assert leanpost._post(b'{"content": "hello", "max_tokens": 2}') is None
+    assert leanpost._post(b'{"content": "hello", "max_tokens": 2}', new=False) is None
 
 
 @pytest.mark.parametrize(
@@ -91,7 +102,7 @@ def test_a_key_no_field_takes_is_djangos_to_refuse() -> None:
     [b"", b"[]", b'"text"', b'{"content": NaN}', b'{"content": "a",}', b'{"content": "\xff"}'],
 )
 def test_a_body_the_parser_refuses_is_djangos(raw: bytes) -> None:
-    assert leanpost._post(raw) is None
+    assert leanpost._post(raw, new=False) is None
 
 
 @pytest.mark.parametrize(
