@@ -49,12 +49,12 @@ def has_unclosed_code_block(text: str) -> bool:
     column = 0  # the content column of the list item the lines belong to (0: none)
     for raw in _lines(text):
         line = _QUOTES.sub("", raw, count=1)  # matches at the start, if only emptily
-        item = _LIST_ITEM.match(line)
         if char:
             inner = line[column:] if line[:column].strip() == "" else line
             if _closes(inner, char, length):
                 char = ""
             continue
+        item = _LIST_ITEM.match(line)
         if item is not None:
             column = item.end()
             inner = line[column:]

@@ -9,9 +9,11 @@ tests read from a channel of their own in the group of all processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from django.test import override_settings
@@ -167,16 +169,27 @@ async def test_a_reader_that_saw_the_end_does_not_abandon(presences: Presences) 
     assert await status_at_end(generation) == Status.ABANDONED
 
 
-async def test_a_generation_elsewhere_is_told_when_this_process_count_crosses_zero(
+@contextlib.asynccontextmanager
+async def heard_elsewhere(
     presences: Presences,
-) -> None:
+) -> AsyncIterator[tuple[Presence, str, Callable[[], Awaitable[list[dict[str, Any]]]]]]:
+    """A presence client, a message of its, and ``told()``: the control messages about
+    that message sent so far, as another process hears them."""
     wire = Wire(presences.kind, REDIS_URL)
     try:
         registry = Generations(wire.control())
         received = Received()
         await wire.listen(received)
-        presence = presences.make(registry)
         mid = presences.message_id()
+        yield presences.make(registry), mid, lambda: received.about(registry.control, mid)
+    finally:
+        await wire.close()
+
+
+async def test_a_generation_elsewhere_is_told_when_this_process_count_crosses_zero(
+    presences: Presences,
+) -> None:
+    async with heard_elsewhere(presences) as (presence, mid, told):
         await presence.attach(mid)  # 0 -> 1
         await presence.attach(mid)  # 1 -> 2: the total cannot have crossed zero
         await presence.detach(mid, shared=True)  # 2 -> 1
@@ -185,9 +198,7 @@ async def test_a_generation_elsewhere_is_told_when_this_process_count_crosses_ze
         await presence.detach(mid, shared=False)
         await presence.attach(mid)  # 0 -> 1
         await presence.detach(mid, shared=True, ended=True)  # saw the end: no one wants it
-        got = await received.about(registry.control, mid)
-    finally:
-        await wire.close()
+        got = await told()
     readers = {"type": READERS, "mid": mid}
     # In memory there is one process, so no generation runs anywhere else to be told.
     expected = [] if presences.kind == "memory" else [readers, readers, readers]
@@ -200,19 +211,11 @@ async def test_readers_joining_at_the_same_moment_tell_the_generation_elsewhere(
     """Two readers attach at once: the first took this process's count from zero, though
     by the time its count is shared the second has raised it to two. The process
     generating the answer is told (once), and told again when both have left."""
-    wire = Wire(redis_presences.kind, REDIS_URL)
-    try:
-        registry = Generations(wire.control())
-        received = Received()
-        await wire.listen(received)
-        presence = redis_presences.make(registry)
-        mid = redis_presences.message_id()
+    async with heard_elsewhere(redis_presences) as (presence, mid, told):
         assert await asyncio.gather(presence.attach(mid), presence.attach(mid)) == [True, True]
-        joined = await received.about(registry.control, mid)
+        joined = await told()
         await asyncio.gather(presence.detach(mid, shared=True), presence.detach(mid, shared=True))
-        left = await received.about(registry.control, mid)
-    finally:
-        await wire.close()
+        left = await told()
     readers = {"type": READERS, "mid": mid}
     assert joined == [readers]
     assert left == [readers, readers]

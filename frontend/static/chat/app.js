@@ -478,15 +478,19 @@ async function changeBranch(change, keep = null) {
 // do, rather than that version's newest answers (the server's choice for a version alone).
 const shownBelow = new Map();
 
-function lastShown() {
+function lastShownNode() {
   const shown = log.querySelectorAll("article.message[data-message-id]");
-  return shown.length ? shown[shown.length - 1].dataset.messageId : null;
+  return shown.length ? shown[shown.length - 1] : null;
+}
+
+function lastShown() {
+  const last = lastShownNode();
+  return last ? last.dataset.messageId : null;
 }
 
 /** The answer shown last, which a message sent here goes after (null: none shown). */
 function answerShownLast() {
-  const shown = log.querySelectorAll("article.message[data-message-id]");
-  const last = shown.length ? shown[shown.length - 1] : null;
+  const last = lastShownNode();
   return last && last.classList.contains("assistant") ? last.dataset.messageId : null;
 }
 

@@ -25,6 +25,13 @@ export function* frames(buffer) {
 /** The server's silence, as the error a read of the stream ends with. */
 export class Silent extends Error {}
 
+export const INTERRUPTED = "the event stream was interrupted";
+
+/** Why a stream whose read ended (`readFrames`'s `done`, with its error if any) is lost. */
+export function lostReason(error) {
+  return error instanceof Silent ? error.message : INTERRUPTED;
+}
+
 /**
  * Read `response`'s events, calling `onFrame` with each. `done` resolves when the body
  * ends or `cancel()` was called, and rejects when the connection failed, or with `Silent`

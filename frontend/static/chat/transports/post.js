@@ -3,7 +3,7 @@
 // them. It is the stream's first connection; when it drops, the stream goes on over its
 // transport from its cursor, as after any lost connection.
 
-import { Silent, readFrames } from "./eventstream.js";
+import { INTERRUPTED, lostReason, readFrames } from "./eventstream.js";
 
 /** The response ended before its `created` event: what the server made is not known. */
 export class StreamLost extends Error {}
@@ -35,7 +35,7 @@ export async function openedPost(response) {
       if (created === null) {
         reject(new StreamLost("the server ended the answer's stream before saying what it created"));
       }
-      if (!closed && sink) sink.lost(error instanceof Silent ? error.message : "the event stream was interrupted");
+      if (!closed && sink) sink.lost(lostReason(error));
       closed = true;
     });
   await ready;
@@ -44,7 +44,7 @@ export async function openedPost(response) {
       sink = target;
       if (closed) {
         for (const event of held.splice(0)) target.event(event);
-        target.lost("the event stream was interrupted");
+        target.lost(INTERRUPTED);
       } else {
         target.opened();
         for (const event of held.splice(0)) target.event(event);

@@ -5,7 +5,7 @@
 // goes silent is closed and reported, and the stream reopens it from its own cursor, so
 // both transports recover the same way.
 
-import { Silent, readFrames } from "./eventstream.js";
+import { INTERRUPTED, lostReason, readFrames } from "./eventstream.js";
 import { heartbeat } from "./heartbeat.js";
 
 const TYPES = new Set(["start", "delta", "reasoning", "tool_call", "error", "done"]);
@@ -38,7 +38,7 @@ export function openSse(messageId, after, sink) {
         signal: aborted.signal,
       });
     } catch {
-      lose(unanswered ? "no answer from the server" : "the event stream was interrupted");
+      lose(unanswered ? "no answer from the server" : INTERRUPTED);
       return;
     } finally {
       clearTimeout(answerDue);
@@ -47,7 +47,7 @@ export function openSse(messageId, after, sink) {
     if (response.status !== 200 || !response.body) {
       // A finished message read to its end (204), a refusal: the stream asks the REST API.
       response.body?.cancel().catch(() => {});
-      lose("the event stream was interrupted");
+      lose(INTERRUPTED);
       return;
     }
     sink.opened();
@@ -56,9 +56,9 @@ export function openSse(messageId, after, sink) {
     });
     try {
       await reading.done;
-      lose("the event stream was interrupted");
+      lose(INTERRUPTED);
     } catch (error) {
-      lose(error instanceof Silent ? error.message : "the event stream was interrupted");
+      lose(lostReason(error));
     }
   })();
   return {
