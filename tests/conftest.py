@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.redis import PrivateRedis, free_port
 from tests.support.servers import DaphneServer, TwoProcesses, server_env
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
@@ -88,6 +90,17 @@ def needs_redis() -> None:
     """Several processes share state only through Redis; without it there is nothing to test."""
     if not REDIS_URL:
         pytest.skip("needs REDIS_URL (several processes share the log through Redis)")
+
+
+@pytest.fixture
+def private_redis() -> Iterator[PrivateRedis]:
+    """A ``redis-server`` of the test's own: one it may kill and restart, or whose
+    server-wide state (command counts, loaded scripts) no other client touches."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs the redis-server binary for a private Redis")
+    server = PrivateRedis(free_port()).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

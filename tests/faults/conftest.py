@@ -1,5 +1,5 @@
-"""Fault fixtures: a private Redis server that a test may kill and restart, and a TCP
-proxy in front of PostgreSQL that a test may cut and restore.
+"""Fault fixtures: a TCP proxy in front of PostgreSQL that a test may cut and restore
+(and, from ``tests/conftest.py``, ``private_redis``: a Redis a test may kill and restart).
 
 Both are real processes/sockets on loopback; neither touches the shared services the
 rest of the suite uses. A test names them before its servers' fixture (``daphne``,
@@ -10,22 +10,11 @@ writes against a fault the test no longer holds.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import pytest
 
 from tests.faults.tcpproxy import TcpProxy
-from tests.support.redis import PrivateRedis, free_port
-
-
-@pytest.fixture
-def private_redis() -> Iterator[PrivateRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("needs the redis-server binary for a private, restartable Redis")
-    server = PrivateRedis(free_port()).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

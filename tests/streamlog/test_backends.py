@@ -14,6 +14,7 @@ from streaming import events
 from streaming.conf import streaming_settings
 from streaming.streamlog import LogDeleted, LogLost, SeqConflict, StreamLog
 from streaming.streamlog.memory import MemoryStreamLog
+from tests.support.redis import PrivateRedis
 
 pytestmark = pytest.mark.asyncio
 
@@ -271,14 +272,14 @@ async def test_followers_of_a_deleted_log_end_with_a_terminal_event(log: StreamL
     assert await log.read(mid, 0) == []
 
 
-async def test_appends_go_on_when_redis_forgot_the_append_script() -> None:
-    """A restarted Redis has no scripts: the append is sent whole, once, and then by SHA."""
-    url = os.environ.get("REDIS_URL")
-    if not url:
-        pytest.skip("needs REDIS_URL")
+async def test_appends_go_on_when_redis_forgot_the_append_script(
+    private_redis: PrivateRedis,
+) -> None:
+    """A restarted Redis has no scripts: the append is sent whole, once, and then by SHA.
+    On a Redis of its own: the scripts it flushes are the server's."""
     from streaming.streamlog.redis import RedisStreamLog
 
-    backend = RedisStreamLog(url)
+    backend = RedisStreamLog(private_redis.url)
     mid = str(uuid.uuid4())
     try:
         await backend.append(mid, deltas(1, 2))
@@ -296,15 +297,13 @@ async def _evalsha_calls(backend: object) -> int:
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
-async def test_a_batch_makes_one_script_call_per_key_group() -> None:
+async def test_a_batch_makes_one_script_call_per_key_group(private_redis: PrivateRedis) -> None:
     """Appends given together go in one batch: one call per key group, each over keys of
-    one Redis Cluster hash slot (their hash tag), and every append lands."""
-    url = os.environ.get("REDIS_URL")
-    if not url:
-        pytest.skip("needs REDIS_URL")
+    one Redis Cluster hash slot (their hash tag), and every append lands. On a Redis of
+    its own: the count of script calls is the server's."""
     from streaming.streamlog.redis import RedisStreamLog, key_group, stream_key
 
-    backend = RedisStreamLog(url, key_groups=4, group_commit_window=0.05)
+    backend = RedisStreamLog(private_redis.url, key_groups=4, group_commit_window=0.05)
     mids = [str(uuid.uuid4()) for _ in range(24)]
     groups = {key_group(mid, 4) for mid in mids}
     assert len(groups) > 1
@@ -324,13 +323,13 @@ async def test_a_batch_makes_one_script_call_per_key_group() -> None:
         await backend.close()
 
 
-async def test_every_group_of_a_batch_is_appended_when_redis_forgot_the_script() -> None:
-    url = os.environ.get("REDIS_URL")
-    if not url:
-        pytest.skip("needs REDIS_URL")
+async def test_every_group_of_a_batch_is_appended_when_redis_forgot_the_script(
+    private_redis: PrivateRedis,
+) -> None:
+    """On a Redis of its own: the scripts it flushes are the server's."""
     from streaming.streamlog.redis import RedisStreamLog
 
-    backend = RedisStreamLog(url, key_groups=4, group_commit_window=0.05)
+    backend = RedisStreamLog(private_redis.url, key_groups=4, group_commit_window=0.05)
     mids = [str(uuid.uuid4()) for _ in range(12)]
     try:
         await asyncio.gather(*(backend.append(mid, deltas(1, 1)) for mid in mids))
