@@ -490,3 +490,37 @@ def test_a_long_answer_is_followed_to_its_end_and_reopens_at_its_bottom(open_cha
     assert log.evaluate(AT_BOTTOM)
     expect(last).to_be_in_viewport()
     assert chat.errors == []
+
+
+def test_event_streams_are_read_with_any_line_ending_split_anywhere(open_chat, daphne):
+    """The page's event-stream reader, in the page: a stream whose lines end in "\\r\\n" or
+    "\\r" (the format allows both, a proxy may rewrite them) gives the events a "\\n" stream
+    gives, however the text arrives cut into reads."""
+    chat = open_chat(daphne())
+    results = chat.page.evaluate(
+        """async () => {
+          const stream = await import("/static/chat/transports/eventstream.js");
+          const read = (pieces) => {
+            const buffer = { text: "", cr: false }, got = [];
+            for (const piece of pieces) {
+              stream.append(buffer, piece);
+              got.push(...stream.frames(buffer));
+            }
+            return JSON.stringify(got);
+          };
+          const lf = 'id: 1\\nevent: delta\\ndata: {"seq":1,"text":"a\\\\r\\\\nb"}\\n\\n'
+            + ': ping\\n\\n' + 'event: done\\ndata: {"seq":2}\\n\\n';
+          const expected = read([lf]);
+          const results = { events: JSON.parse(expected).length, wrong: [] };
+          for (const [name, ending] of [["CRLF", "\\r\\n"], ["CR", "\\r"], ["LF", "\\n"]]) {
+            const text = lf.replaceAll("\\n", ending);
+            for (let cut = 0; cut <= text.length; cut++) {
+              if (read([text.slice(0, cut), text.slice(cut)]) !== expected) {
+                results.wrong.push(`${name} cut at ${cut}`);
+              }
+            }
+          }
+          return results;
+        }"""
+    )
+    assert results == {"events": 2, "wrong": []}

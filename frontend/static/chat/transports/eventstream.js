@@ -5,6 +5,17 @@
 
 import { heartbeat } from "./heartbeat.js";
 
+/** Add `text`, read from the stream, to `buffer.text` with every line ending as "\n".
+ * The format lets a line end in "\r\n", "\r" or "\n" (a proxy may rewrite them). A "\r"
+ * ends its line at once; one that ended the last text (`buffer.cr`) may have its "\n"
+ * at the start of this one. */
+export function append(buffer, text) {
+  if (!text) return;
+  const rest = buffer.cr && text.startsWith("\n") ? text.slice(1) : text;
+  buffer.cr = text.endsWith("\r");
+  buffer.text += rest.replace(/\r\n?/g, "\n");
+}
+
 /** The complete events at the start of `buffer.text` (taken out of it), as
  * `{name, data}` with `data` parsed; comments and `id:`/`retry:` lines are skipped. */
 export function* frames(buffer) {
@@ -40,7 +51,7 @@ export function lostReason(error) {
 export function readFrames(response, onFrame) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
-  const buffer = { text: "" };
+  const buffer = { text: "", cr: false };
   let lastAt = Date.now();
   let silent = false;
   const watchdog = setInterval(() => {
@@ -54,7 +65,7 @@ export function readFrames(response, onFrame) {
         const { value, done: ended } = await reader.read();
         if (ended) break;
         lastAt = Date.now();
-        buffer.text += decoder.decode(value, { stream: true });
+        append(buffer, decoder.decode(value, { stream: true }));
         for (const frame of frames(buffer)) onFrame(frame);
       }
     } finally {
