@@ -4,10 +4,16 @@ Reader counts: one hash per message, ``chat:readers:<message id>``, field = work
 value = that process's count. Heartbeats: ``chat:worker:<worker id>`` with a TTL of
 ``HEARTBEAT_TIMEOUT``, renewed every ``HEARTBEAT_INTERVAL``. Every call touches keys of
 one message or one worker, so the backend works on Redis Cluster as well.
+
+A Redis that restarted empty (or was flushed) has lost every count. A beat that finds its
+own heartbeat gone writes this process's counts again, whole (``_restore``): counts are
+shared as changes, so nothing else would put back the readers that were there before,
+and a generation elsewhere would see none and abandon an answer that is still read.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -50,6 +56,16 @@ class RedisPresence(Presence):
             socket_connect_timeout=5,
         )
         self.redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
+        # Restoring the counts (``_restore``) waits for the changes being sent and holds
+        # new ones back (``_open``), so each change lands either in the whole counts it
+        # writes or after them, once: changes can land out of order, a whole count can't.
+        self._sending = 0
+        self._sent = asyncio.Event()
+        self._sent.set()
+        self._open = asyncio.Event()
+        self._open.set()
+        self._restores = 0  # how many restores took their counts
+        self._restore_due = False  # the heartbeat was found gone, the counts not yet written
 
     async def publish(self, message_id: str, change: int, *, notify: bool, crossed: bool) -> None:
         """Publish this process's count and tell the generation, in one Redis round trip.
@@ -61,13 +77,24 @@ class RedisPresence(Presence):
         listener = self.listener
         generating = listener.generating(message_id)
         key = READERS_PREFIX + message_id
+        restores = self._restores
+        if not self._open.is_set():
+            await self._open.wait()
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hincrby(key, self.worker_id, change)
-        pipe.expire(key, self.readers_ttl)
+        if restores == self._restores:  # else the restore's counts hold this change
+            pipe.hincrby(key, self.worker_id, change)
+            pipe.expire(key, self.readers_ttl)
         counted = notify and generating and not self.local.get(message_id)
         if counted:
             pipe.hgetall(key)
-        replies = await pipe.execute()
+        self._sending += 1
+        self._sent.clear()
+        try:
+            replies = await pipe.execute() if len(pipe) else []
+        finally:
+            self._sending -= 1
+            if not self._sending:
+                self._sent.set()
         if not notify:
             return
         if not generating:
@@ -79,7 +106,7 @@ class RedisPresence(Presence):
         if local or not counted:
             listener.readers_changed(message_id, local or await self.count(message_id))
             return
-        listener.readers_changed(message_id, await self._others(replies[2]))
+        listener.readers_changed(message_id, await self._others(replies[-1]))
 
     async def count(self, message_id: str) -> int:
         local = self.local.get(message_id, 0)
@@ -106,8 +133,32 @@ class RedisPresence(Presence):
         return [bool(up) for up in await pipe.execute()]
 
     async def beat(self) -> None:
+        """Renew the heartbeat; one that was gone (Redis lost its keys, or this process
+        was stopped for longer than ``HEARTBEAT_TIMEOUT``) restores the counts too."""
         ttl_ms = int(streaming_settings.HEARTBEAT_TIMEOUT * 1000)
-        await self.redis.set(worker_key(self.worker_id), "1", px=ttl_ms)
+        if await self.redis.set(worker_key(self.worker_id), "1", px=ttl_ms, get=True) is None:
+            self._restore_due = True
+        if self._restore_due:  # until a restore succeeds
+            await self._restore()
+            self._restore_due = False
+
+    async def _restore(self) -> None:
+        """Write this process's shared counts whole, over what Redis holds of them."""
+        self._open.clear()
+        try:
+            await self._sent.wait()
+            self._restores += 1
+            counts = {mid: n for mid, n in self.shared.items() if n > 0}
+            if not counts:
+                return
+            pipe = self.redis.pipeline(transaction=False)
+            for message_id, count in counts.items():
+                key = READERS_PREFIX + message_id
+                pipe.hset(key, self.worker_id, count)
+                pipe.expire(key, self.readers_ttl)
+            await pipe.execute()
+        finally:
+            self._open.set()
 
     async def leave(self) -> None:
         await self.redis.delete(worker_key(self.worker_id))

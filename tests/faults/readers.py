@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.clients import auth, iter_sse
+from tests.support.clients import auth, create_conversation, iter_sse, post_message
 
 RECONNECT_DELAY = 0.2
 MAX_RECONNECTS = 50
@@ -74,3 +74,22 @@ def assert_exact(events: list[dict[str, Any]], persisted: dict[str, Any]) -> Non
     assert events[-1]["seq"] == persisted["last_seq"]
     text = "".join(e["text"] for e in events if e["type"] == "delta")
     assert text == persisted["content"], "every token reached the reader exactly once"
+
+
+async def answer_being_read(
+    asked: httpx.AsyncClient,
+    read: httpx.AsyncClient,
+    token: str,
+    simulation: dict[str, Any],
+    seen: int,
+) -> tuple[dict[str, Any], Reader, asyncio.Task[list[dict[str, Any]]]]:
+    """A new conversation's answer asked for on ``asked`` (the simulated engine's
+    ``simulation``), read on ``read`` by a ``Reader`` running in its task, once it has
+    seen ``seen`` deltas: the answer, the reader and its task."""
+    conversation = await create_conversation(asked, token)
+    message = await post_message(asked, token, conversation, "hi", simulation=simulation)
+    reader = Reader(read, token, message["id"])
+    task = asyncio.create_task(reader.run())
+    async with asyncio.timeout(30):
+        await reader.seen(seen).wait()
+    return message, reader, task

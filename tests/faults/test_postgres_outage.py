@@ -13,7 +13,7 @@ import signal
 import httpx
 import pytest
 
-from tests.faults.readers import Reader, assert_exact
+from tests.faults.readers import Reader, answer_being_read, assert_exact
 from tests.support.clients import auth, create_conversation, post_message, read_sse
 from tests.support.servers import database_url
 
@@ -31,15 +31,10 @@ def through(proxy_port: int) -> str:
 async def test_database_outage_mid_stream_loses_nothing(postgres_proxy, daphne, account):
     server = daphne(DATABASE_URL=through(postgres_proxy.port), STREAM_FLUSH_INTERVAL="0.2")
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-        conversation = await create_conversation(client, account.token)
-        message = await post_message(
-            client, account.token, conversation, "hi",
-            simulation={"length": 400, "tokens_per_second": 60, "ttft_ms": 0},
-        )  # fmt: skip
-        reader = Reader(client, account.token, message["id"])
-        task = asyncio.create_task(reader.run())
-        async with asyncio.timeout(30):
-            await reader.seen(10).wait()
+        simulation = {"length": 400, "tokens_per_second": 60, "ttft_ms": 0}
+        message, reader, task = await answer_being_read(
+            client, client, account.token, simulation, seen=10
+        )
         postgres_proxy.cut()
         at_cut = reader.deltas
         await asyncio.sleep(OUTAGE_SECONDS)

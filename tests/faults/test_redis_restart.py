@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.faults.readers import Reader, assert_exact
+from tests.faults.readers import Reader, answer_being_read, assert_exact
 from tests.support.clients import (
     auth,
     create_conversation,
@@ -24,11 +24,19 @@ from tests.support.clients import (
     wait_for_message,
     wait_for_status,
 )
+from tests.support.redis import PrivateRedis
 from tests.support.wsclient import ChatSocket
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.redis]
 
 OUTAGE_SECONDS = 1.5  # how long Redis stays down: the fault itself, not a synchronisation
+
+
+async def restart(redis: PrivateRedis) -> None:
+    """Redis killed, down for ``OUTAGE_SECONDS``, and started again empty."""
+    redis.kill()
+    await asyncio.sleep(OUTAGE_SECONDS)
+    redis.start()
 
 
 async def test_redis_restart_mid_stream_loses_nothing(private_redis, two_processes, account):
@@ -45,9 +53,7 @@ async def test_redis_restart_mid_stream_loses_nothing(private_redis, two_process
         async with asyncio.timeout(30):
             await local.seen(10).wait()
             await remote.seen(10).wait()
-        private_redis.kill()
-        await asyncio.sleep(OUTAGE_SECONDS)
-        private_redis.start()
+        await restart(private_redis)
         async with asyncio.timeout(60):
             await asyncio.gather(*tasks)
         stored = await a.get(f"/api/messages/{message['id']}/", headers=auth(account.token))
@@ -66,6 +72,30 @@ async def test_redis_restart_mid_stream_loses_nothing(private_redis, two_process
         assert text_of(late.events) == persisted["content"]
 
 
+async def test_an_answer_read_only_in_another_process_outlives_a_redis_restart(
+    private_redis, two_processes, account
+):
+    """The only reader is in a process that does not generate: the generating process
+    knows of it from its count in Redis, which the restart lost. The reader's process
+    writes its counts again (its heartbeat was gone), so the answer is not abandoned
+    under a reader that is still there, and ends complete."""
+    env = {
+        "REDIS_URL": private_redis.url,
+        "STREAM_HEARTBEAT_INTERVAL": "0.3",
+        "STREAM_HEARTBEAT_TIMEOUT": "2",  # a recount of the readers every second
+        "STREAM_ABANDON_GRACE": "1",
+    }
+    async with two_processes("gen", "follow", **env) as (_, _, a, b):
+        slow = {"length": 160, "tokens_per_second": 20, "ttft_ms": 0}
+        message, remote, task = await answer_being_read(a, b, account.token, slow, seen=10)
+        await restart(private_redis)
+        async with asyncio.timeout(60):
+            await task
+        persisted = await wait_for_status(b, account.token, message["id"])
+        assert persisted["status"] == "complete", persisted["termination"]
+        assert_exact(remote.events, persisted)
+
+
 async def test_redis_restart_then_a_crash_keeps_the_text_from_its_first_character(
     private_redis, two_processes, account
 ):
@@ -79,18 +109,9 @@ async def test_redis_restart_then_a_crash_keeps_the_text_from_its_first_characte
         "STREAM_FLUSH_INTERVAL": "0.1",
     }
     async with two_processes("gen", "reap", **env) as (generating, _, a, b):
-        conversation = await create_conversation(a, account.token)
-        message = await post_message(
-            a, account.token, conversation, "hi",
-            simulation={"length": 2000, "tokens_per_second": 40, "ttft_ms": 0},
-        )  # fmt: skip
-        remote = Reader(b, account.token, message["id"])
-        task = asyncio.create_task(remote.run())
-        async with asyncio.timeout(30):
-            await remote.seen(20).wait()
-        private_redis.kill()
-        await asyncio.sleep(OUTAGE_SECONDS)
-        private_redis.start()
+        long = {"length": 2000, "tokens_per_second": 40, "ttft_ms": 0}
+        message, remote, task = await answer_being_read(a, b, account.token, long, seen=20)
+        await restart(private_redis)
         async with asyncio.timeout(30):
             await remote.seen(remote.deltas + 20).wait()  # streaming again, on the new log
         generating.kill()

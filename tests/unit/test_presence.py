@@ -285,6 +285,58 @@ async def test_readers_in_another_live_process_keep_a_generation(
     assert await status_at_end(generation) == Status.ABANDONED
 
 
+async def test_counts_lost_with_redis_are_written_again_by_the_next_beat(
+    redis_presences: Presences,
+) -> None:
+    """Redis restarted empty: every count and heartbeat gone. The next beat of each
+    process finds its heartbeat gone and writes its counts whole, including the changes
+    made meanwhile, which landed on nothing (a reader leaving: a count of -1)."""
+    from streaming.presence.redis import READERS_PREFIX, RedisPresence, worker_key
+
+    here, there = redis_presences.make(), redis_presences.make()
+    assert isinstance(there, RedisPresence)
+    mid, other = redis_presences.message_id(), redis_presences.message_id()
+    await there.beat()
+    for message_id in (mid, mid, mid, other):
+        await there.attach(message_id)
+    assert await here.count(mid) == 3
+    await there.redis.delete(
+        READERS_PREFIX + mid, READERS_PREFIX + other, worker_key(there.worker_id)
+    )
+    await there.detach(mid, shared=True)  # lands on nothing: the field is -1
+    await there.detach(other, shared=True)
+    assert await here.count(mid) == 0
+    await there.beat()
+    assert await here.count(mid) == 2
+    assert await here.count(other) == 0
+    assert await there.redis.hgetall(READERS_PREFIX + mid) == {there.worker_id.encode(): b"2"}
+    await there.beat()  # the heartbeat was there: nothing written again
+    await there.detach(mid, shared=True)
+    assert await here.count(mid) == 1
+
+
+async def test_changes_made_while_counts_are_restored_count_once(
+    redis_presences: Presences,
+) -> None:
+    """Readers attaching and leaving while a beat writes the counts whole: each change
+    is in the whole count or lands after it, never both, never neither."""
+    from streaming.presence.redis import READERS_PREFIX, RedisPresence, worker_key
+
+    here, there = redis_presences.make(), redis_presences.make()
+    assert isinstance(there, RedisPresence)
+    mid = redis_presences.message_id()
+    await there.beat()
+    for _ in range(10):
+        await there.attach(mid)
+    await there.redis.delete(READERS_PREFIX + mid, worker_key(there.worker_id))
+    changes = [there.attach(mid) for _ in range(20)]
+    changes += [there.detach(mid, shared=True) for _ in range(15)]
+    # The beat in the middle of the changes, some sent before it, some after.
+    await asyncio.gather(*changes[:12], there.beat(), *changes[12:])
+    assert await here.count(mid) == 10 + 20 - 15
+    assert await there.redis.hgetall(READERS_PREFIX + mid) == {there.worker_id.encode(): b"15"}
+
+
 async def test_a_burst_past_the_connection_bound_waits_its_turn() -> None:
     """Many readers attaching at once on a small pool queue for a connection; none fails
     (an exhausted pool used to raise at once, ending those readers' streams)."""
