@@ -71,6 +71,15 @@ class TooManyGenerations(ServiceError):
     retry_after = 5
 
 
+class TooManyWaits(ServiceError):
+    """More of a user's calls waiting on answers (``?wait=true``) than they may have
+    answers streaming: each holds a request slot of the process."""
+
+    status = 429
+    code = "too_many_waits"
+    retry_after = 5
+
+
 class ShuttingDown(ServiceError):
     status = 503
     code = "shutting_down"

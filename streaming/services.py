@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
 import uuid
-from collections import defaultdict
-from collections.abc import Callable, Coroutine
+from collections import Counter, defaultdict
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -35,6 +36,7 @@ from streaming.errors import (
     ShuttingDown,
     StopUnconfirmed,
     TooManyGenerations,
+    TooManyWaits,
     WrongRole,
     too_long,
 )
@@ -171,6 +173,39 @@ def _refuse_over_capacity(running: int) -> None:
     if running >= limit:
         answers = "one answer" if limit == 1 else f"{limit} answers"
         raise TooManyGenerations(f"at most {answers} may stream at once; wait for one to end")
+
+
+# Each user's calls waiting on an answer in this process (``waiting``).
+_waits: Counter[Any] = Counter()
+_waits_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def waiting(user: Any) -> Iterator[None]:
+    """Hold one of ``user``'s waits in this process for a call that returns once its
+    answer ended (``?wait=true``), from before it makes anything to its response;
+    ``TooManyWaits`` past ``MAX_CONCURRENT_GENERATIONS_PER_USER``. Such a call holds a
+    request slot (``REQUEST_CONCURRENCY``) all along, and the answers' own limit does not
+    bound them: a retry (its ``Idempotency-Key``) starts nothing, so one user's retries
+    of one answer could hold every slot of the process. Refused before the call makes
+    anything, so a refusal never leaves an answer behind."""
+    limit = settings.MAX_CONCURRENT_GENERATIONS_PER_USER
+    with _waits_lock:
+        if _waits[user.pk] >= limit:
+            calls = "one call" if limit == 1 else f"{limit} calls"
+            raise TooManyWaits(
+                f"at most {calls} may wait on answers at once; follow the answer's stream "
+                "instead, or wait for one to end",
+                field="wait",
+            )
+        _waits[user.pk] += 1
+    try:
+        yield
+    finally:
+        with _waits_lock:
+            _waits[user.pk] -= 1
+            if not _waits[user.pk]:
+                del _waits[user.pk]
 
 
 def create_conversation(

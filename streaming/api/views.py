@@ -8,8 +8,10 @@ async services, run from here with ``services.call``.
 
 from __future__ import annotations
 
+import functools
 import io
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -59,6 +61,8 @@ WITH_BODY = {
     **ERRORS,
     415: OpenApiResponse(ErrorSerializer, description="the body is not `application/json`"),
 }
+# A 429's causes: the user's answers streaming, or their calls waiting (``?wait=true``).
+TOO_MANY = "too many answers streaming, or (`?wait=true`) too many calls waiting on answers"
 WAIT = OpenApiParameter("wait", bool, description="block until the answer ends")
 TREE = OpenApiParameter(
     "tree", bool, description="every message of every branch (with `parent_id`), oldest first"
@@ -72,7 +76,7 @@ STARTED = {
     **WITH_BODY,
     409: OpenApiResponse(ErrorSerializer, description="that branch is still streaming"),
     **REUSED,
-    429: OpenApiResponse(ErrorSerializer, description="too many answers streaming"),
+    429: OpenApiResponse(ErrorSerializer, description=TOO_MANY),
 }
 POST_RESPONSES = {201: ExchangeSerializer, **STARTED}
 IDEMPOTENCY_KEY = OpenApiParameter(
@@ -230,6 +234,23 @@ def _wants_wait(request: Request) -> bool:
     return _flag(request, "wait")
 
 
+PostView = TypeVar("PostView", bound=Callable[..., Response])
+
+
+def _bounded_waits(post: PostView) -> PostView:
+    """A view's ``post`` that takes ``?wait=true``: with it, the call holds one of the
+    user's waits (``services.waiting``) from before it makes anything."""
+
+    @functools.wraps(post)
+    def wrapped(self: APIView, request: Request, *args: Any, **kwargs: Any) -> Response:
+        if not _wants_wait(request):
+            return post(self, request, *args, **kwargs)
+        with services.waiting(request.user):
+            return post(self, request, *args, **kwargs)
+
+    return cast(PostView, wrapped)
+
+
 def _started(
     request: Request, exchange: services.Exchange, wait: bool, *, with_question: bool
 ) -> Response:
@@ -278,6 +299,7 @@ class ConversationMessages(JSONView, generics.ListAPIView):
         responses=POST_RESPONSES,
         parameters=[WAIT, IDEMPOTENCY_KEY],
     )
+    @_bounded_waits
     def post(self, request: Request, conversation_id: Any) -> Response:
         """Post a user message (after ``parent_id``, else the current leaf) and start the
         answer; the answer's ``stream`` has its URLs."""
@@ -314,6 +336,7 @@ class NewConversationMessages(JSONView):
         responses=POST_RESPONSES,
         parameters=[WAIT, IDEMPOTENCY_KEY],
     )
+    @_bounded_waits
     def post(self, request: Request) -> Response:
         """Start a new conversation with its first message, and its answer. The
         conversation is made in the same transaction: a refused message leaves nothing
@@ -355,10 +378,11 @@ class MessageContinue(JSONView):
             202: MessageSerializer,
             **ERRORS,
             409: OpenApiResponse(ErrorSerializer, description="not a cut-off answer"),
-            429: OpenApiResponse(ErrorSerializer, description="too many answers streaming"),
+            429: OpenApiResponse(ErrorSerializer, description=TOO_MANY),
         },
         parameters=[WAIT],
     )
+    @_bounded_waits
     def post(self, request: Request, message_id: Any) -> Response:
         """Append a segment to a cut-off answer; stream it from ``after``."""
         wait = _wants_wait(request)
@@ -379,6 +403,7 @@ class MessageRegenerate(JSONView):
         responses={201: RegenerationSerializer, **STARTED},
         parameters=[WAIT, IDEMPOTENCY_KEY],
     )
+    @_bounded_waits
     def post(self, request: Request, message_id: Any) -> Response:
         """A new answer beside this one (same question), streaming; it becomes the branch
         shown. 400 for a question; 409 while this answer streams, unless ``stop``."""
@@ -401,6 +426,7 @@ class MessageEdit(JSONView):
         responses={201: ExchangeSerializer, **STARTED},
         parameters=[WAIT, IDEMPOTENCY_KEY],
     )
+    @_bounded_waits
     def post(self, request: Request, message_id: Any) -> Response:
         """A new question beside this one, and its streaming answer; they become the branch
         shown. 400 for an answer; 409 while the branch below streams, unless ``stop``."""

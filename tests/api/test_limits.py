@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
@@ -48,6 +49,42 @@ def test_over_the_concurrent_answer_limit_is_429_with_retry_after(daphne, accoun
         listed = api.get(f"/api/conversations/{elsewhere}/messages/").json()["results"]
         assert [m["content"] for m in listed] == ["now it fits", "ok"]
         assert api.get("/api/conversations/").json()["count"] == 2
+
+
+def test_calls_waiting_on_answers_are_bounded_per_user(daphne, account, other_account):
+    """Retries of one answer (its ``Idempotency-Key``) start nothing, so the answers' limit
+    does not bound them; with ``?wait=true`` each held a request slot of the process until
+    the answer ended, and one user's retries held them all. A user's waits are bounded as
+    their answers are, and a call refused for it has made nothing."""
+    server = daphne(MAX_CONCURRENT_GENERATIONS_PER_USER=1)
+    with client(server, account.token) as api, ThreadPoolExecutor(1) as waiter:
+        conversation = new_conversation(api)
+        url = f"/api/conversations/{conversation}/messages/?wait=true"
+        body = {"content": "hold", "params": {"simulation": SLOW}}
+        key = {"Idempotency-Key": str(uuid.uuid4())}
+        waiting = waiter.submit(api.post, url, json=body, headers=key)
+        # The wait is held before the call makes its messages: once they are there, it is.
+        while not api.get(f"/api/conversations/{conversation}/messages/").json()["results"]:
+            assert not waiting.done(), waiting.result().text
+        refused = api.post(url, json=body, headers=key)
+        assert_error(refused, 429, "too_many_waits", field="wait")
+        assert int(refused.headers["retry-after"]) > 0
+        elsewhere = new_conversation(api)
+        other = api.post(f"/api/conversations/{elsewhere}/messages/?wait=true", json=body)
+        assert_error(other, 429, "too_many_waits", field="wait")
+        assert api.get(f"/api/conversations/{elsewhere}/messages/").json()["results"] == []
+        with client(server, other_account.token) as someone_else:
+            theirs = new_conversation(someone_else)
+            assert post(someone_else, theirs, "mine", wait=True, text="ok").status_code == 201
+
+        assert not waiting.done(), "the answer is slow: its wait is still held"
+        listed = api.get(f"/api/conversations/{conversation}/messages/").json()["results"]
+        api.post(f"/api/messages/{listed[-1]['id']}/cancel/")
+        first = waiting.result(30)
+        assert first.status_code == 201 and first.json()["message"]["status"] == "cancelled"
+        again = api.post(url, json=body, headers=key)  # the wait was given back
+        assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+        assert again.json()["message"]["id"] == first.json()["message"]["id"]
 
 
 def _unsafe_calls(api: httpx.Client) -> list[tuple[str, str]]:
