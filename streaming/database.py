@@ -12,20 +12,28 @@ and without an error that may have broken it (Django counts every database error
 refused row's, ``IntegrityError`` and ``DataError``). Otherwise it goes back to the pool
 after the call, as every connection did, so a connection that broke while the database
 was away serves one call at most. Every ``KEEP_SECONDS`` it goes back anyway, so the
-pool's own limits (a connection's lifetime) still apply. ``release`` ends the threads and
-hands their connections back: at shutdown, and after each test.
+pool's own limits (a connection's lifetime) still apply. ``release`` ends the threads, each
+handing its connections back as it ends: at shutdown, and after each test.
+
+The threads are daemon threads (``_Threads``), so the interpreter's exit never waits for a
+call in progress: while the database cannot be reached a call waits for the pool's
+timeout (``DATABASE_POOL_TIMEOUT``, 30 s) on every try, and a stopping process whose
+threads were a ``ThreadPoolExecutor``'s stayed up until the database was back. A call cut
+short by the exit loses its transaction whole, as on a crash.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import queue
 import select
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ParamSpec, TypeVar
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from django.conf import settings
 from django.db import connections
@@ -36,21 +44,99 @@ T = TypeVar("T")
 
 KEEP_SECONDS = 60.0
 
-_executor: ThreadPoolExecutor | None = None
+_executor: _Threads | None = None
 _executor_lock = threading.Lock()
-# The connections the threads keep, by thread, for ``release`` (which runs in another
-# thread once they have ended), and until when each thread keeps them.
+# The connections the threads keep, by thread, and until when each thread keeps them.
 _kept: dict[int, list[BaseDatabaseWrapper]] = {}
 _held = threading.local()
 
 
-def _threads() -> ThreadPoolExecutor:
+@dataclass(slots=True)
+class _Work(Generic[T]):
+    future: Future[T]
+    fn: Callable[..., T]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            result = self.fn(*self.args, **self.kwargs)
+        except BaseException as exc:
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)
+
+
+class _Threads(Executor):
+    """Up to ``size`` threads taking calls in order from one queue, one more started for a
+    call that finds none idle, as ``ThreadPoolExecutor`` does. Unlike its threads, these
+    are daemon threads: the interpreter's exit does not join them (see the module's
+    docstring). Each hands its connections back as it ends."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._size = size
+        self._name = name
+        self._calls: queue.SimpleQueue[_Work[Any] | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._shut = False
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("cannot schedule new calls after shutdown")
+            future: Future[T] = Future()
+            self._calls.put(_Work(future, fn, args, kwargs))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._size:
+                thread = threading.Thread(
+                    target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True
+                )
+                thread.start()
+                self._threads.append(thread)
+            return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Take no more calls; the threads end once they have run those given them."""
+        with self._lock:
+            self._shut = True
+            if cancel_futures:
+                while True:
+                    try:
+                        work = self._calls.get_nowait()
+                    except queue.Empty:
+                        break
+                    if work is not None:
+                        work.future.cancel()
+            self._calls.put(None)  # the end, passed on from thread to thread
+        if wait:
+            self.join(None)
+
+    def join(self, timeout: float | None) -> bool:
+        """Wait for the threads to end, up to ``timeout`` s in all; whether they all did."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
+
+    def _work(self) -> None:
+        try:
+            while (work := self._calls.get()) is not None:
+                work.run()
+                del work  # its result is the caller's, not this thread's to keep alive
+                self._idle.release()
+            self._calls.put(None)
+        finally:
+            _hand_back()
+
+
+def _threads() -> _Threads:
     global _executor
     with _executor_lock:
         if _executor is None:
-            _executor = ThreadPoolExecutor(
-                max_workers=settings.DATABASE_THREADS, thread_name_prefix="db"
-            )
+            _executor = _Threads(settings.DATABASE_THREADS, "db")
         return _executor
 
 
@@ -144,21 +230,25 @@ async def run(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     return await done
 
 
-def release() -> None:
-    """End the threads (after the calls in progress) and hand their connections back.
-    Calls made afterwards start new threads."""
+def _hand_back() -> None:
+    """A thread's end: it hands its connections back (nothing else uses them)."""
+    _kept.pop(threading.get_ident(), None)
+    for connection in connections.all(initialized_only=True):
+        connection.close()
+
+
+def release(wait: float | None = None) -> bool:
+    """End the threads: they take no more calls, and each ends once it has run those it
+    was given, handing its connections back. Calls made afterwards start new threads.
+
+    Waits for them to end, for as long as that takes, or up to ``wait`` s: at shutdown a
+    call on a database that cannot be reached may not end for the pool's timeout, try
+    after try, and the process must stop all the same. Threads still in a call then end
+    on their own, or with the process. Returns whether every thread had ended."""
     global _executor
     with _executor_lock:
         executor, _executor = _executor, None
     if executor is None:
-        return
-    executor.shutdown(wait=True)
-    kept = [connection for held in _kept.values() for connection in held]
-    _kept.clear()
-    for connection in kept:
-        # Its thread has ended: nothing else uses it.
-        connection.inc_thread_sharing()
-        try:
-            connection.close()
-        finally:
-            connection.dec_thread_sharing()
+        return True
+    executor.shutdown(wait=False)
+    return executor.join(wait)

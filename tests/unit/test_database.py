@@ -10,6 +10,7 @@ connection (from the pool on PostgreSQL, a new one on SQLite) is told by Django'
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -98,3 +99,26 @@ async def test_release_hands_the_kept_connections_back(connects: list[object]) -
     assert not database._kept
     await database.run(query)  # a new thread, with a connection of its own
     assert len(connects) == 2
+
+
+async def test_release_waits_no_longer_than_told_for_a_call_that_does_not_end() -> None:
+    """At shutdown a call on a database that cannot answer may wait for the pool's
+    timeout: ``release`` stops waiting for it after ``wait`` s, and its thread, a daemon,
+    keeps no process from exiting. The call still ends, and its caller hears of it."""
+
+    started, go = threading.Event(), threading.Event()
+
+    def blocked() -> bool:
+        started.set()
+        return go.wait()
+
+    call = asyncio.ensure_future(database.run(blocked))
+    assert await asyncio.to_thread(started.wait, 10)
+    threads = [t for t in threading.enumerate() if t.name.startswith("db_")]
+    assert threads and all(t.daemon for t in threads)
+    assert not await asyncio.to_thread(database.release, 0.05), "a thread is still in a call"
+    go.set()
+    assert await asyncio.wait_for(call, 10)
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive(), "it ends once its call has"
