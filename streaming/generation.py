@@ -150,6 +150,10 @@ class Generation:
         # The failure the run already ended with (``_fail``), told once.
         self._failure: Exception | None = None
         self._finalizing = False
+        # Set once its process stops without its record (``leave_to_reaper``); True while
+        # the record is being written (``_persist_final``).
+        self._left = False
+        self._persisting = False
         self._waiting_for_engine = False
         self._engine_wait_since = 0.0
         self._stalled = False
@@ -201,6 +205,19 @@ class Generation:
         if self._waiting_for_engine:
             self.task.cancel()
         return True
+
+    def leave_to_reaper(self) -> None:
+        """Write no final record: its process stops without it (a SIGTERM's drain, while
+        the database cannot be reached), and another process's reaper ends the answer
+        from the log, as a crashed process's. A write under way is no longer waited for
+        (it commits or not, as the database has it: one that commits leaves its readers
+        to end from the record, which they ask for when nothing comes); none is tried
+        after it. Retried for
+        as long as the database was away, the record kept the process from stopping and
+        its heartbeat on, so no reaper could take the answer over."""
+        self._left = True
+        if self._persisting and self.task is not None and not self.task.done():
+            self.task.cancel()
 
     def readers_changed(self, count: int) -> None:
         """Called whenever the number of attached readers (all processes) may have changed."""
@@ -626,12 +643,33 @@ class Generation:
     async def _persist_final(
         self, content: str, reasoning: str, done_seq: int, termination: Termination
     ) -> bool:
+        """Write the final record (``_write_final``); False when it is not this
+        generation's to end: another writer's, or left to a reaper (``leave_to_reaper``)."""
+        if self._left:
+            return False
+        self._persisting = True
+        try:
+            return await self._write_final(content, reasoning, done_seq, termination)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._left or task is None:
+                raise
+            task.uncancel()
+            log.warning("the final record is left to a reaper: this process is stopping")
+            return False
+        finally:
+            self._persisting = False
+
+    async def _write_final(
+        self, content: str, reasoning: str, done_seq: int, termination: Termination
+    ) -> bool:
         """Write the final record (every try the same write, named by its ``ended_at``:
         ``finalize_segment``). While the database cannot be reached it is tried for as long
-        as that lasts: a try may have committed unheard, and only a later try that reaches
-        the database can tell and end the log (given up, the answer's readers waited for
-        ever). One the database refuses is given up after ``PERSIST_RETRY_SECONDS``; the
-        reaper ends the answer then."""
+        as that lasts (or until its process stops without it: ``leave_to_reaper``): a try
+        may have committed unheard, and only a later try that reaches the database can
+        tell and end the log (given up, the answer's readers waited for ever). One the
+        database refuses is given up after ``PERSIST_RETRY_SECONDS``; the reaper ends the
+        answer then."""
         delay = 0.2
         deadline = time.monotonic() + streaming_settings.PERSIST_RETRY_SECONDS
         ended_at = timezone.now()

@@ -856,6 +856,45 @@ async def test_a_final_record_written_by_someone_else_gets_no_second_done(
     assert message.status == Status.STREAMING, "the generation did not overwrite the record"
 
 
+async def test_a_final_record_left_to_a_reaper_is_tried_no_more(
+    answer: Answer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its record is tried again while the database cannot be reached; once its process
+    stops without it (``leave_to_reaper``: a SIGTERM's drain ran out) the try under way
+    is no longer waited for and none follows: the generation ends, with no ``done`` (a
+    reaper's ends the answer). The tries had kept its process from stopping."""
+    from django.db import OperationalError
+
+    from streaming.persistence import finalize_segment
+
+    tries = 0
+    hanging = asyncio.Event()
+    run_call = database.run
+
+    async def unreachable(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal tries
+        if fn is not finalize_segment:
+            return await run_call(fn, *args, **kwargs)
+        tries += 1
+        if tries == 1:
+            raise OperationalError("connection refused")
+        hanging.set()
+        await asyncio.Event().wait()  # a try the database never answers
+
+    monkeypatch.setattr(database, "run", unreachable)
+    run = await launch(answer, [chunk("so far")])
+    await asyncio.wait_for(hanging.wait(), HANG)
+    run.generation.leave_to_reaper()
+    await asyncio.wait_for(run.generation.finished.wait(), HANG)
+    run.reader.cancel()
+    assert tries == 2
+    logged = await run.log.read(answer.message_id)
+    assert [e["type"] for e in logged] == ["start", "delta"], "no done: the reaper's comes"
+    monkeypatch.undo()
+    message = await load_message(answer.message_id)
+    assert message.status == Status.STREAMING, "left for the reaper to end"
+
+
 async def test_two_answers_are_independent() -> None:
     log = MemoryStreamLog()
     hub = Hub(log)
