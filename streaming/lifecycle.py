@@ -10,6 +10,10 @@ consumers' close with 1001), hand the database threads' connections back, then c
 the server's stop hooks (``on_stopped``; the ASGI entry point adds the one for Daphne).
 Stopping the server drops whatever is still open, so whatever a client must be told goes
 out before.
+
+Once the drain is over the loops stop and the process leaves (its heartbeat key goes), so
+another process's reaper may end whatever it left, and nothing at the end waits on a
+database that cannot answer: the process stops within seconds whatever the database does.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ from streaming.registry import Generations
 # How long interrupted generations get to write their ends at shutdown (their records and
 # ``done``s; seconds) before the process stops without them.
 INTERRUPT_WAIT = 5.0
+# How long the database threads get at the end to finish the calls they were given (a
+# flush ending; seconds): past it the process stops without them.
+RELEASE_WAIT = 2.0
+# How long the heartbeat key's delete may take (seconds): Redis away, the key expires.
+LEAVE_WAIT = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +70,8 @@ class Lifecycle:
         # Called once the process has drained after SIGTERM (stop the server).
         self.on_stopped: list[Callable[[], None]] = []
         self._tasks: set[asyncio.Task[object]] = set()
+        # The heartbeat, write-behind and reaper loops, stopped at the drain's end.
+        self._loops: list[asyncio.Task[object]] = []
 
     async def start(self) -> None:
         await self.control.start(self.on_control)
@@ -70,9 +81,11 @@ class Lifecycle:
             await self.presence.beat()
         except Exception:
             log.warning("first heartbeat failed (Redis unreachable?)")
-        self.spawn(self._heartbeat_loop(), "heartbeat")
-        self.spawn(self._flush_loop(), "write-behind")
-        self.spawn(self._reaper_loop(), "reaper")
+        self._loops = [
+            self.spawn(self._heartbeat_loop(), "heartbeat"),
+            self.spawn(self._flush_loop(), "write-behind"),
+            self.spawn(self._reaper_loop(), "reaper"),
+        ]
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._on_sigterm)
 
@@ -165,8 +178,10 @@ class Lifecycle:
             except Exception:
                 log.exception("a shutdown hook failed")
         await self.control.stop()
-        # The database threads hand their connections back (a flush may still be ending).
-        await asyncio.to_thread(database.release)
+        # The database threads hand their connections back (a flush may still be ending);
+        # calls that cannot end (the database away) are not waited for.
+        if not await asyncio.to_thread(database.release, RELEASE_WAIT):
+            log.warning("stopping with database calls not ended: the database is not answering")
         await asyncio.sleep(0.1)  # one more turn for the transports to flush their buffers
         for stop in self.on_stopped:
             stop()
@@ -174,10 +189,10 @@ class Lifecycle:
     async def drain(self, deadline: float) -> None:
         """Let running generations finish up to ``deadline`` s, then interrupt the rest,
         and give them ``INTERRUPT_WAIT`` s to write their ends. One that cannot (its
-        record waits on a database that cannot be reached, for as long as that lasts)
-        is left to another process's reaper, as a crashed process's answers are: the
-        process stopped only once the database was back, heartbeating meanwhile, so no
-        reaper took its answers over and their readers waited the whole time."""
+        record waits on a database that cannot be reached) is left to another process's
+        reaper, as a crashed process's answers are (``Generation.leave_to_reaper``).
+        Then the process leaves: its loops stop and its heartbeat key goes
+        (``_leave``), so that reaper can take the answers over."""
         running = [g.finished.wait() for g in self.generations]
         if running:
             with contextlib.suppress(TimeoutError):
@@ -191,7 +206,27 @@ class Lifecycle:
                 async with asyncio.timeout(INTERRUPT_WAIT):
                     await asyncio.gather(*(g.finished.wait() for g in left))
             except TimeoutError:
-                unended = len(self.generations)
-                log.warning("stopping with answers not ended (%d): a reaper ends them", unended)
-        with contextlib.suppress(Exception):
-            await self.presence.leave()
+                unended = list(self.generations)
+                log.warning(
+                    "stopping with answers not ended (%d): a reaper ends them", len(unended)
+                )
+                for generation in unended:
+                    generation.leave_to_reaper()
+        await self._leave()
+
+    async def _leave(self) -> None:
+        """Stop the loops, then delete the heartbeat key. A beat after the delete put the
+        key back: the process stayed alive for every other process's reaper for as long
+        as its stop took (the database away, until it was back), and its answers were
+        not taken over. Nor does this process reap or write behind any more: their
+        calls would only wait on the database at its end. Redis away, the delete fails
+        and the key expires (``HEARTBEAT_TIMEOUT``) since nothing renews it."""
+        loops, self._loops = self._loops, []
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        try:
+            async with asyncio.timeout(LEAVE_WAIT):
+                await self.presence.leave()
+        except Exception:
+            log.warning("could not delete the heartbeat key (Redis unreachable?): it expires")

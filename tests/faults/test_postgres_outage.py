@@ -8,7 +8,10 @@ the stored message catches up and matches what the reader got.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -351,36 +354,92 @@ async def test_a_post_waiting_on_a_lock_leaves_no_backend_behind(daphne, account
         assert made.status_code == 201, made.text
 
 
-async def test_a_shutdown_while_the_database_is_away_stops_all_the_same(
-    postgres_proxy, daphne, account
+# A stopping process's drain at most (``STREAM_SHUTDOWN_DEADLINE`` 1 s, ``INTERRUPT_WAIT``,
+# the readers' flush, the heartbeat key's delete, the database threads' release: 12 s),
+# with room for a loaded machine; a database call waits far longer (``STOPPING_POOL_WAIT``).
+STOP_SECONDS = 30.0
+STOPPING_POOL_WAIT = 300
+HEARTBEAT_TIMEOUT = 2.0
+
+
+def redis_through(proxy_port: int) -> str:
+    url = urlsplit(os.environ["REDIS_URL"])
+    return url._replace(netloc=f"{url.hostname}:{proxy_port}").geturl()
+
+
+@pytest.mark.usefixtures("needs_redis")
+@pytest.mark.parametrize("unreachable", ["postgres", "postgres and redis"])
+async def test_a_process_stopping_without_its_database_leaves_its_answer_to_a_reaper(
+    postgres_proxy, redis_proxy, daphne, account, unreachable
 ):
-    """SIGTERM while an answer streams and PostgreSQL cannot be reached: the answer is
-    interrupted at the drain's deadline and its record cannot be written, so the process
-    stops without it (another process's reaper ends it, as a crashed one's). It stayed
-    up, heartbeating, for as long as the database was away."""
-    server = daphne(
-        DATABASE_URL=f"{through(postgres_proxy.port)}?connect_timeout=2",
-        DATABASE_POOL_TIMEOUT="2",
-        STREAM_SHUTDOWN_DEADLINE="1",
+    """SIGTERM to the process generating an answer while it cannot reach PostgreSQL (nor,
+    in the second case, Redis, so it cannot delete its heartbeat key): the drain interrupts
+    the answer, its record cannot be written, and the process stops within its drain's
+    own bounds, its heartbeat key gone, although every database call it makes waits far
+    longer. Another process's reaper then ends the answer ``interrupted`` with exactly the
+    text its reader saw, within its documented time (2.5 heartbeat timeouts).
+
+    The process used to wait for its database calls in progress (and for the final
+    record's retries, started afresh until the database was back) and beat on meanwhile,
+    so no reaper took its answer over until the database was back."""
+    import redis.asyncio as aioredis
+    from asgiref.sync import sync_to_async
+
+    from streaming.models import Segment
+    from streaming.presence.redis import worker_key
+
+    env = {
+        "STREAM_SHUTDOWN_DEADLINE": "1",
+        "STREAM_HEARTBEAT_INTERVAL": "0.5",
+        "STREAM_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
+    }
+    a = daphne(
+        "a",
+        DATABASE_URL=through(postgres_proxy.port),
+        DATABASE_POOL_TIMEOUT=str(STOPPING_POOL_WAIT),
+        REDIS_URL=redis_through(redis_proxy.port),
+        **env,
     )
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-        conversation = await create_conversation(client, account.token)
+    b = daphne("b", **env)  # PostgreSQL and Redis without a proxy: never cut
+    redis = aioredis.from_url(os.environ["REDIS_URL"])
+    async with (
+        httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+        httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+    ):
+        conversation = await create_conversation(ca, account.token)
         message = await post_message(
-            client, account.token, conversation, "hi",
+            ca, account.token, conversation, "hi",
             simulation={"length": 5000, "tokens_per_second": 20, "ttft_ms": 0},
         )  # fmt: skip
-        reader = Reader(client, account.token, message["id"])
+        segment = await sync_to_async(Segment.objects.get)(message_id=message["id"], index=0)
+        heartbeat = worker_key(segment.worker)
+        reader = Reader(cb, account.token, message["id"])
         task = asyncio.create_task(reader.run())
         try:
             async with asyncio.timeout(30):
-                await reader.seen(1).wait()
+                await reader.seen(5).wait()
+            assert await redis.exists(heartbeat), "the generating process beats"
             postgres_proxy.cut()
-            assert server.proc is not None
-            server.proc.send_signal(signal.SIGTERM)
-            # Bounded by the drain, not by the outage (which lasts past the test's wait).
-            code = await asyncio.to_thread(server.proc.wait, 60)
+            if unreachable == "postgres and redis":
+                redis_proxy.cut()
+            assert a.proc is not None
+            a.proc.send_signal(signal.SIGTERM)
+            try:
+                code = await asyncio.to_thread(a.proc.wait, STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"still running {STOP_SECONDS:g} s after SIGTERM")
+            assert code == 0
+            assert not await redis.exists(heartbeat), "its heartbeat key is gone"
+            async with asyncio.timeout(2.5 * HEARTBEAT_TIMEOUT + 15):
+                await task
+            assert not await redis.exists(heartbeat), "and no beat put it back"
         finally:
             task.cancel()
-            postgres_proxy.restore()
-    assert code == 0
-    assert "stopping with answers not ended (1)" in server.log_text()
+            await redis.aclose()
+        stored = await cb.get(f"/api/messages/{message['id']}/", headers=auth(account.token))
+        persisted = stored.json()
+    assert "stopping with answers not ended (1)" in a.log_text()
+    assert persisted["status"] == "interrupted", persisted["termination"]
+    assert reader.events[-1]["status"] == "interrupted"
+    assert_exact(reader.events, persisted)
+    assert persisted["content"], "the text its reader saw is kept"
