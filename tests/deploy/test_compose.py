@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from streaming.conf import environment_variables
+from streaming.conf import DEFAULTS, environment_variables
+from streaming.lifecycle import INTERRUPT_WAIT, LEAVE_WAIT, RELEASE_WAIT
 from tests.proxy.nginx import NginxServer, nginx_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -258,9 +259,13 @@ def test_timeouts_fit_together(compose: dict[str, Any], web_env):
     # nginx drops an idle upstream connection before Twisted's 60 s idle timeout does.
     keepalive = re.search(r"upstream web \{[^}]*keepalive_timeout (\w+);", NGINX_CONF.read_text())
     assert keepalive is not None and seconds(keepalive.group(1)) < 60
-    # Running generations finish (STREAM_SHUTDOWN_DEADLINE) before Docker's SIGKILL.
+    # Running generations finish (STREAM_SHUTDOWN_DEADLINE), and the process stops by
+    # itself after its bounded steps whatever the database does, before Docker's SIGKILL.
     grace = seconds(compose["services"]["web"]["stop_grace_period"])
-    assert float(web_env["STREAM_SHUTDOWN_DEADLINE"]) < grace
+    stop = float(web_env["STREAM_SHUTDOWN_DEADLINE"]) + float(
+        web_env.get("STREAM_SHUTDOWN_READER_FLUSH", DEFAULTS["SHUTDOWN_READER_FLUSH"])
+    )
+    assert stop + INTERRUPT_WAIT + LEAVE_WAIT + RELEASE_WAIT < grace
     # The reaper waits for a missed heartbeat or several, never less than one beat.
     assert float(web_env["STREAM_HEARTBEAT_INTERVAL"]) * 2 <= float(
         web_env["STREAM_HEARTBEAT_TIMEOUT"]
