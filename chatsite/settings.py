@@ -265,6 +265,10 @@ MAX_STOP_SEQUENCES = env_int("MAX_STOP_SEQUENCES", 8)
 MAX_CONCURRENT_GENERATIONS_PER_USER = env_int("MAX_CONCURRENT_GENERATIONS_PER_USER", 4)
 # Earlier messages one OpenAI-compatible request may carry (each is stored as a row).
 MAX_PRIOR_MESSAGES = env_int("MAX_PRIOR_MESSAGES", 256)
+# What one conversation may hold: every post, edit, regenerate and Continue reads all of
+# its messages (the tree, and the prompt's path), so these bound the work of each.
+MAX_CONVERSATION_MESSAGES = env_int("MAX_CONVERSATION_MESSAGES", 1000)
+MAX_CONVERSATION_CHARS = env_int("MAX_CONVERSATION_CHARS", 2_000_000)
 
 # --- observability -------------------------------------------------------------------
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "text")  # "text" or "json"

@@ -57,6 +57,13 @@ class ContextFull(Conflict):
     code = "context_full"
 
 
+class ConversationFull(Conflict):
+    """The conversation holds as much as one may (``MAX_CONVERSATION_MESSAGES``,
+    ``MAX_CONVERSATION_CHARS``): nothing more is made in it."""
+
+    code = "conversation_full"
+
+
 class IdempotencyKeyReused(ServiceError):
     """An ``Idempotency-Key`` that names an earlier request of another kind or body: a
     retry must repeat its request, and a new request takes a new key."""

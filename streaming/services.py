@@ -29,6 +29,7 @@ from streaming.errors import (
     IDEMPOTENCY_HEADER,
     Conflict,
     ContextFull,
+    ConversationFull,
     IdempotencyKeyReused,
     InvalidParams,
     NotFound,
@@ -206,6 +207,27 @@ def waiting(user: Any) -> Iterator[None]:
             _waits[user.pk] -= 1
             if not _waits[user.pk]:
                 del _waits[user.pk]
+
+
+def _refuse_full(tree: History) -> None:
+    """``ConversationFull`` when the conversation already holds
+    ``MAX_CONVERSATION_MESSAGES`` messages or ``MAX_CONVERSATION_CHARS`` characters of
+    text (``content``: what the tree holds; an answer's reasoning is bounded by its
+    tokens, and the messages by their count). Every request that makes something in a conversation
+    reads all of it, so without a bound one user's edits or posts made each of them
+    slower for good (870 edits of 32,000 characters: half a second a post), and held
+    the database threads every other request needs. The bound is checked before a
+    request adds its own: a conversation ends at most one request past it."""
+    messages = tree.messages.values()
+    if len(messages) >= settings.MAX_CONVERSATION_MESSAGES:
+        held = f"{settings.MAX_CONVERSATION_MESSAGES} messages"
+    elif sum(len(m.content) for m in messages) >= settings.MAX_CONVERSATION_CHARS:
+        held = f"{settings.MAX_CONVERSATION_CHARS} characters"
+    else:
+        return
+    raise ConversationFull(
+        f"this conversation holds as much as one may ({held}); start a new conversation"
+    )
 
 
 def create_conversation(
@@ -485,6 +507,7 @@ def _create_exchange(
         siblings_before: list[str] = []
         if conversation_id is not None:
             tree = History(reads.messages)
+            _refuse_full(tree)
             if after is not None:
                 parent_id = _chosen_parent(tree, after)
             history = tree.path(parent_id)
@@ -787,8 +810,10 @@ def _create_continuation(user: Any, message_id: Any) -> tuple[Message, SegmentPl
             )
         _check_capacity(user)
         conversation = message.conversation
+        tree = History.of(conversation.id)
+        _refuse_full(tree)
         # The path down to the answer, the answer itself last (with its reasoning).
-        history = path_messages(conversation.id, message.id)[:-1]
+        history = tree.path(message.id)[:-1]
         _refuse_streaming_path(history)
         # An answer below was asked with this one's text as it is: extending it now would
         # change the prompt of an answer still being written.
@@ -919,6 +944,7 @@ def _create_regeneration(
         conversation = old.conversation
         _check_capacity(user)
         tree = History.of(conversation.id)
+        _refuse_full(tree)
         prompt = tree.path(old.parent_id)
         _refuse_streaming_path(prompt)
         assistant, plan = _start_answer(user, conversation, prompt, params, model, None, key=key)
@@ -1011,6 +1037,7 @@ def _create_edit(
         _check_capacity(user)
         conversation = old.conversation
         tree = History.of(conversation.id)
+        _refuse_full(tree)
         prompt = tree.path(old.parent_id)
         _refuse_streaming_path(prompt)
         question = _ask(conversation, old.parent_id, content, key=key)

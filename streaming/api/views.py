@@ -74,7 +74,11 @@ REUSED = {
 }
 STARTED = {
     **WITH_BODY,
-    409: OpenApiResponse(ErrorSerializer, description="that branch is still streaming"),
+    409: OpenApiResponse(
+        ErrorSerializer,
+        description="that branch is still streaming, or the conversation is full "
+        "(`conversation_full`)",
+    ),
     **REUSED,
     429: OpenApiResponse(ErrorSerializer, description=TOO_MANY),
 }
@@ -377,7 +381,11 @@ class MessageContinue(JSONView):
             200: MessageSerializer,
             202: MessageSerializer,
             **ERRORS,
-            409: OpenApiResponse(ErrorSerializer, description="not a cut-off answer"),
+            409: OpenApiResponse(
+                ErrorSerializer,
+                description="not a cut-off answer, or the conversation is full "
+                "(`conversation_full`)",
+            ),
             429: OpenApiResponse(ErrorSerializer, description=TOO_MANY),
         },
         parameters=[WAIT],

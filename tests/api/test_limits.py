@@ -87,6 +87,42 @@ def test_calls_waiting_on_answers_are_bounded_per_user(daphne, account, other_ac
         assert again.json()["message"]["id"] == first.json()["message"]["id"]
 
 
+def test_a_full_conversation_takes_nothing_more(daphne, account):
+    """Every post, edit, regenerate and Continue reads the whole conversation: what one
+    may hold is bounded, by its messages and by its text, and a request past either is
+    a 409 that makes nothing."""
+    server = daphne(MAX_CONVERSATION_MESSAGES=6, MAX_CONVERSATION_CHARS=1000)
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        post(api, conversation, "one", wait=True, text="ok")
+        post(api, conversation, "two", wait=True, text="ok")
+        cut = post(api, conversation, "three", wait=True, params={"max_tokens": 2}, length=50)
+        question, answer = cut.json()["user_message"], cut.json()["message"]
+        assert answer["status"] == "truncated"
+        url = f"/api/conversations/{conversation}/messages/"
+
+        def refused(response: httpx.Response, held: str) -> None:
+            error = assert_error(response, 409, "conversation_full")
+            assert f"({held})" in error["message"], error
+            assert len(api.get(url, params={"tree": "true"}).json()["results"]) == 6
+
+        refused(post(api, conversation, "four", text="ok"), "6 messages")
+        refused(
+            api.post(f"/api/messages/{question['id']}/edit/", json={"content": "2"}), "6 messages"
+        )
+        refused(api.post(f"/api/messages/{answer['id']}/regenerate/"), "6 messages")
+        refused(api.post(f"/api/messages/{answer['id']}/continue/"), "6 messages")
+
+        # By its text: a request may take it past the bound, the next is refused.
+        wordy = new_conversation(api)
+        post(api, wordy, "x" * 997, wait=True, text="ok")  # 999 characters
+        assert post(api, wordy, "more", wait=True, text="ok").status_code == 201  # 1005
+        error = assert_error(post(api, wordy, "again", text="ok"), 409, "conversation_full")
+        assert "(1000 characters)" in error["message"]
+        # Another conversation is not full.
+        assert post(api, new_conversation(api), "fresh", wait=True, text="ok").status_code == 201
+
+
 def _unsafe_calls(api: httpx.Client) -> list[tuple[str, str]]:
     conversation = new_conversation(api)
     message = post(api, conversation, "hi", wait=True, text="ok").json()["message"]["id"]
