@@ -60,6 +60,10 @@ HOSTILE_MARKDOWN = "\n\n".join(
         "[Go to https://bank.example.com/c now](https://evil.example/c) "
         "[https://bank\u2024example\u2024com](https://evil.example/d) "
         "[\u202emoc.elpmaxe.knab//:sptth](https://evil.example/e)",
+        # ...or in markup written as HTML, which shows as the characters it is made of.
+        "[<secure bank.example.com>](https://evil.example/f) "
+        "[<!-- https://bank.example.com/g -->](https://evil.example/g) "
+        '[<a title="https://bank.example.com/h">](https://evil.example/h)',
         "[the docs](https://docs.example.org/x) [docs.example.org/y](https://docs.example.org/y)",
     ]
 )
@@ -92,11 +96,11 @@ def test_markdown_that_tries_to_make_html_is_defused(open_chat):
     deceptive = content.get_by_role("link", name="https://bank.example.com/login")
     expect(deceptive).to_have_attribute("href", "https://evil.example/login")
     expect(deceptive.locator("xpath=following-sibling::*[1]")).to_have_text(" (evil.example)")
-    for tail in "abcde":
+    for tail in "abcdefgh":
         link = content.locator(f'a[href="https://evil.example/{tail}"]')
         expect(link.locator("xpath=following-sibling::*[1]")).to_have_text(" (evil.example)")
     # A link's own host, named or not, adds nothing.
-    expect(content.locator(".link-host")).to_have_count(6)
+    expect(content.locator(".link-host")).to_have_count(9)
     expect(content.get_by_role("link", name="mail")).to_have_attribute(
         "href", "mailto:someone@example.com"
     )
@@ -225,7 +229,7 @@ def test_a_streamed_answer_ends_as_the_stored_answer_renders_at_once(open_chat):
     answer = chat.ask("format it three times", text="\n\n".join([GFM] * 3), tokens_per_second=400)
     expect(answer).to_have_attribute("data-status", "complete", timeout=20_000)
     content = chat.content(answer)
-    expect(content.locator(".code-block code .hljs-keyword")).to_have_count(6)
+    expect(content.locator(".code-block code .hljs-keyword")).to_have_count(9)
     assert content.locator(".blocks.kept").count() >= 1  # more blocks than one group holds
     streamed = content.evaluate(SHAPE)
 

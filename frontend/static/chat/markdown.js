@@ -46,13 +46,13 @@ function safeUrl(href) {
 }
 
 /** The text a reader sees of inline tokens (a link's text): every text, code span and
- * emphasis inside it, but not markup written as HTML, which shows as text only once
- * escaped. */
+ * emphasis inside it, and markup written as HTML too, which the renderer shows as the
+ * characters it is made of (a tag or a comment naming a host is read as naming it). */
 function seenText(tokens) {
   let text = "";
   for (const token of tokens || []) {
     if (token.tokens) text += seenText(token.tokens);
-    else if (token.type !== "html" && typeof token.text === "string") text += token.text;
+    else if (typeof token.text === "string") text += token.text;
   }
   return text;
 }
