@@ -107,9 +107,9 @@ class JSONView(APIView):
     checked after authentication so anonymous callers learn nothing about the body rules."""
 
     authentication_classes = AUTHENTICATION_CLASSES
-    # False for a view whose unsafe methods take nothing: a key sent to it is refused by
-    # name, as a key no field takes is elsewhere, not ignored.
-    takes_body = True
+    # The unsafe methods whose body holds fields; a key sent with any other (a DELETE,
+    # a cancel) is refused by name, as a key no field takes is elsewhere, not ignored.
+    body_methods: frozenset[str] = frozenset({"POST", "PUT", "PATCH"})
     parser_classes = [JSONBodyParser]
     renderer_classes = [JSONRenderer]
     content_negotiation_class = JSONOnly
@@ -133,7 +133,7 @@ class JSONView(APIView):
             raise PayloadTooLarge(too_large_detail(limit))
         if request.method not in SAFE_METHODS:
             data = request.data  # parse now: a bad body is a 400 whatever the view
-            if not self.takes_body and data:
+            if request.method not in self.body_methods and data:
                 field = sorted(data)[0] if isinstance(data, dict) else "body"
                 message = "takes no body" if field == "body" else params.unknown_field(field)
                 raise ValidationError({field: [message]})
@@ -356,7 +356,7 @@ class MessageDetail(JSONView):
 
 
 class MessageCancel(JSONView):
-    takes_body = False
+    body_methods: frozenset[str] = frozenset()
 
     @extend_schema(
         request=None,
@@ -373,7 +373,7 @@ class MessageCancel(JSONView):
 
 
 class MessageContinue(JSONView):
-    takes_body = False
+    body_methods: frozenset[str] = frozenset()
 
     @extend_schema(
         request=None,

@@ -357,7 +357,12 @@ def test_delete_removes_messages_and_logs_and_stops_the_answer(daphne, account):
             assert redis.exists(stream_key(done["message"]["id"]))
             assert redis.exists(stream_key(running["id"]))
 
-        response = api.delete(f"/api/conversations/{conversation}/")
+        # A delete takes nothing: a key sent is refused by name and deletes nothing.
+        url = f"/api/conversations/{conversation}/"
+        refused = api.request("DELETE", url, json={"confirm": False})
+        assert_error(refused, 400, "invalid", "confirm")
+        assert api.get(url).status_code == 200
+        response = api.delete(url)
         assert response.status_code == 204, response.text
         assert not Message.objects.filter(id__in=ids).exists()
         assert_error(api.get(f"/api/conversations/{conversation}/"), 404)
@@ -368,3 +373,19 @@ def test_delete_removes_messages_and_logs_and_stops_the_answer(daphne, account):
             assert not redis.exists(stream_key(done["message"]["id"]))
             assert not redis.exists(stream_key(running["id"]))
         assert api.get("/api/conversations/").json()["count"] == 0
+
+
+def test_a_url_without_its_slash_is_named_with_it(daphne, account):
+    """Django's routes and the ones served before Django (the stream) alike."""
+    server = daphne()
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        answer = post(api, conversation, "hi", wait=True, **FAST).json()["message"]["id"]
+        for path in (
+            f"/api/conversations/{conversation}",
+            f"/api/messages/{answer}",
+            f"/api/messages/{answer}/stream",
+        ):
+            error = assert_error(api.get(path), 404, "not_found")
+            assert error["message"] == f"not found; the URL ends with a slash: {path}/", error
+        assert assert_error(api.get("/api/nothing/here"), 404)["message"] == "not found"
