@@ -289,7 +289,9 @@ class ChatConsumer(LoopWebsocketConsumer):
 
     @staticmethod
     def _topic(frame: dict[str, Any]) -> bool:
-        """True for the user's feed (``"topic": "user"``); False for a message's stream."""
+        """True for the user's feed (``"topic": "user"``); False for a message's stream.
+        A feed's frame carries none of a message's fields: one beside the topic is
+        refused, naming it, not dropped (the caller meant one of the two)."""
         topic = frame.get("topic")
         if topic is None:
             return False
@@ -297,6 +299,11 @@ class ChatConsumer(LoopWebsocketConsumer):
             raise FrameError(
                 "invalid_frame", 'topic must be "user" (or absent, with message_id)', "topic"
             )
+        for field in ("message_id", "after"):
+            if field in frame:
+                raise FrameError(
+                    "invalid_frame", f"{field} is not taken with topic: one or the other", field
+                )
         return True
 
     # --- the handlers: every direct reply goes through ``_reply`` ---------------------

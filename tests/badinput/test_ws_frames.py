@@ -349,6 +349,18 @@ async def test_frame_fields_of_the_wrong_type_are_refused_naming_the_field(daphn
         ({"type": "subscribe", "message_id": answer, "afer": 3}, "invalid_frame", "afer"),
         ({"type": "cancel", "message_id": answer, "stop": True}, "invalid_frame", "stop"),
         ({"type": "ping", "content": "x"}, "invalid_frame", "content"),
+        # The feed or a message, not both: neither is dropped for the other.
+        (
+            {"type": "subscribe", "topic": "user", "message_id": answer},
+            "invalid_frame",
+            "message_id",
+        ),
+        ({"type": "subscribe", "topic": "user", "after": 0}, "invalid_frame", "after"),
+        (
+            {"type": "unsubscribe", "topic": "user", "message_id": answer},
+            "invalid_frame",
+            "message_id",
+        ),
     ]
 
     async with connect(server, account.token) as ws:
