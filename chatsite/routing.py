@@ -22,6 +22,8 @@ http_urlpatterns = [
     path("v1/models", ModelsConsumer.as_asgi()),
     path("v1/models/<path:model>", ModelsConsumer.as_asgi()),
 ]
+# As a URLconf (``CHANNELS_URLCONF``): what a URL without its slash is checked against.
+urlpatterns = http_urlpatterns
 
 
 def message_post_urlpatterns(app: Any) -> list[URLPattern]:

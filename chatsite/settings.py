@@ -81,6 +81,9 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "chatsite.urls"
+# The routes Channels serves before Django sees a request (its ``urlpatterns``): Django's
+# 404 handler asks them too, to name a URL that lacks only its slash.
+CHANNELS_URLCONF = "chatsite.routing"
 ASGI_APPLICATION = "chatsite.asgi.application"
 
 TEMPLATES = [

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.urls import is_valid_path
@@ -127,10 +128,19 @@ def permission_denied(request: HttpRequest, exception: Exception) -> HttpRespons
     return defaults.permission_denied(request, exception)
 
 
+def _routed(request: HttpRequest, path: str) -> bool:
+    """Whether a route takes ``path``: Django's or one Channels serves before Django
+    (``CHANNELS_URLCONF``: the message stream, ``/v1``), which only reaches Django when
+    none of its routes took the URL."""
+    if is_valid_path(path, getattr(request, "urlconf", None)):
+        return True
+    channels: str | None = getattr(settings, "CHANNELS_URLCONF", None)
+    return channels is not None and bool(is_valid_path(path, channels))
+
+
 def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     if _wants_json(request):
-        urlconf = getattr(request, "urlconf", None)
-        if not request.path.endswith("/") and is_valid_path(f"{request.path_info}/", urlconf):
+        if not request.path.endswith("/") and _routed(request, f"{request.path_info}/"):
             return _json(request, 404, f"not found; the URL ends with a slash: {request.path}/")
         return _json(request, 404, "not found")
     return defaults.page_not_found(request, exception)
