@@ -35,15 +35,29 @@ def header(scope: dict[str, Any], name: bytes) -> str | None:
 
 
 def token_from_header(value: str | None) -> str | None:
-    """The key of an ``Authorization`` header (None: no header; "": present but not a
-    token, which never falls back to the session). Read as DRF reads it for the REST
-    API: two parts split on ASCII whitespace, so one header means the same everywhere."""
-    if not value:
+    """The key of an ``Authorization`` header (None: no header, or one with nothing but
+    whitespace in it; "": present but not a token, which never falls back to the
+    session). Read as DRF reads it for the REST API: two parts split on ASCII whitespace,
+    so one header means the same everywhere."""
+    parts = value.encode("latin-1").split() if value else []
+    if not parts:
         return None
-    parts = value.encode("latin-1").split()
     if len(parts) == 2 and parts[0].lower() in (b"token", b"bearer"):
         return parts[1].decode("latin-1")
     return ""
+
+
+def token_of(scope: dict[str, Any]) -> str | None:
+    """Which credentials a request authenticates with, as every entry point takes them
+    (the REST API's authentication reads its header with ``token_from_header`` too): a
+    token's key; "" for an ``Authorization`` header that is no token, refused and never
+    taken for the session; None for no token sent, when the session (if any) decides."""
+    return token_from_header(header(scope, b"authorization"))
+
+
+def by_session(scope: dict[str, Any]) -> bool:
+    """Whether a request authenticates with its session (if any): it sent no token."""
+    return token_of(scope) is None
 
 
 def token_user(key: str) -> Any | None:
@@ -95,9 +109,9 @@ def with_session(scope: dict[str, Any]) -> dict[str, Any]:
     """``scope`` as Channels' session middleware would give it, for a route outside that
     middleware whose request was already accepted with its session (a one-step post: the
     CSRF check was its creation's): the session its cookie names, which ``session_user``
-    reads afresh on every check. A scope that has a session, or a token header (never
-    the session), is returned as it is. Nothing is read from the store here."""
-    if "session" in scope or header(scope, b"authorization") is not None:
+    reads afresh on every check. A scope that has a session, or one that sent a token
+    (never the session), is returned as it is. Nothing is read from the store here."""
+    if "session" in scope or not by_session(scope):
         return scope
     cookies = header(scope, b"cookie")
     key = parse_cookie(cookies).get(settings.SESSION_COOKIE_NAME) if cookies else None
@@ -107,7 +121,7 @@ def with_session(scope: dict[str, Any]) -> dict[str, Any]:
 def resolve_user(scope: dict[str, Any]) -> Any:
     """The caller's user (synchronous: a database thread resolves it, together with what
     the caller asked for, in one trip)."""
-    key = token_from_header(header(scope, b"authorization"))
+    key = token_of(scope)
     if key is not None:
         return _user_for_token(key) if key else AnonymousUser()
     return session_user(scope)
@@ -116,7 +130,7 @@ def resolve_user(scope: dict[str, Any]) -> Any:
 def known_user(scope: dict[str, Any]) -> Any | None:
     """``resolve_user``'s answer when this process knows it without a query (a token it
     holds, an ``Authorization`` header that is no token), else None."""
-    key = token_from_header(header(scope, b"authorization"))
+    key = token_of(scope)
     if key == "":
         return AnonymousUser()
     return cached_user(key) if key else None

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from streaming.auth import authenticate, header
+from streaming.auth import authenticate, by_session
 from streaming.conf import streaming_settings
 
 log = logging.getLogger(__name__)
@@ -40,11 +40,6 @@ def session_recheck_delay() -> float | None:
     together do not check together; None when sessions are not checked again."""
     interval = streaming_settings.SESSION_RECHECK
     return interval * (0.5 + random.random() / 2) if interval > 0 else None
-
-
-def by_session(scope: dict[str, Any]) -> bool:
-    """Whether a request without a token authenticated itself (with its session)."""
-    return header(scope, b"authorization") is None
 
 
 @dataclass(eq=False, slots=True)

@@ -55,7 +55,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.middleware.security import SecurityMiddleware
 
 from streaming import database, representation, services
-from streaming.auth import cached_user, header, resolve_user, token_from_header
+from streaming.auth import cached_user, header, resolve_user, token_of
 from streaming.errors import IDEMPOTENCY_META, REPLAYED_HEADER, ServiceError
 from streaming.jsonbody import InvalidBody, body_limit, decode_json_body, media_type
 from streaming.models import Message
@@ -310,7 +310,7 @@ def _described(
 
 def _caller(scope: dict[str, Any]) -> tuple[bool, str | None]:
     """Whether this path may serve the caller, and its token's key (None: the session)."""
-    key = token_from_header(header(scope, b"authorization"))
+    key = token_of(scope)
     if key is not None:
         return bool(key), key
     cookies = header(scope, b"cookie") or ""

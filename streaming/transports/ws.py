@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from streaming import events, selectors
-from streaming.auth import authenticate, user_for_token
+from streaming.auth import authenticate, by_session, user_for_token
 from streaming.conf import streaming_settings
 from streaming.errors import NotFound, ServiceError, describe, unavailable
 from streaming.feed import Listener
@@ -47,7 +47,7 @@ from streaming.services import (
 from streaming.storable import is_storable
 from streaming.transports.daphne import SendBuffer, frame_send
 from streaming.transports.dispatch import LoopWebsocketConsumer
-from streaming.transports.held import by_session, session_recheck_delay, start_check
+from streaming.transports.held import session_recheck_delay, start_check
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from channels.sessions import SessionMiddlewareStack
 from django.conf import settings
 from django.utils.http import is_same_domain
 
-from streaming.auth import header, token_from_header
+from streaming.auth import by_session, header
 from streaming.transports.hosts import allowed_host
 
 
@@ -66,7 +66,7 @@ class WebSocketAuthMiddleware:
         so a busy database never holds a handshake past the server's connect timeout."""
         if scope["type"] != "websocket":
             return await self.inner(scope, receive, send)
-        if token_from_header(header(scope, b"authorization")) is not None:
+        if not by_session(scope):
             return await self.inner(scope, receive, send)  # the token decides
         origin = header(scope, b"origin")
         if origin is None:

@@ -70,6 +70,17 @@ def test_django_test_client_with_csrf_checks(transactional_db, make_account):
     assert accepted.status_code == 201
 
 
+def test_an_empty_authorization_header_is_none(transactional_db, make_account):
+    """Nothing but whitespace in it (DRF's token classes find no scheme): the session
+    decides, as on the streams, which then hold the stream with that session."""
+    account = make_account("erin")
+    for blank in ("", " ", "\x0b"):
+        browser = Client(HTTP_AUTHORIZATION=blank)
+        browser.force_login(account.user)
+        assert browser.get("/api/conversations/").status_code == 200, repr(blank)
+        assert Client(HTTP_AUTHORIZATION=blank).get("/api/conversations/").status_code == 401
+
+
 def test_drf_create_token_command_makes_a_working_token(transactional_db):
     from django.contrib.auth.models import User
 

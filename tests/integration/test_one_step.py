@@ -279,6 +279,15 @@ async def test_a_session_caller_needs_the_csrf_token_as_on_rest(daphne, account)
             k: v for k, v in django_headers.items() if k != "date"
         }
 
+        # An empty Authorization header is no token: the session decides, and the stream
+        # is held with it (through Django too, where the scope has no session of its own).
+        for query in ("", "?wait=false"):
+            response, events = await post_streaming(
+                browser, url + query, {"content": "x", "params": QUICK},
+                {**page, "Authorization": ""},
+            )  # fmt: skip
+            assert response.status_code == 200 and events[-1].data.get("type") == "done", query
+
         # A session that is not one (signed out elsewhere, made up) is Django's 401/403.
         browser.cookies.set("sessionid", "not-a-session")
         refused, _ = await post_streaming(browser, url, {"content": "x"}, page)

@@ -59,7 +59,8 @@ async def test_an_unknown_or_malformed_token_is_anonymous(token: Token, trips: l
         ("Basic abc", ""),
         ("Token\xa0abc", ""),  # not ASCII whitespace: one part, as DRF reads it
         (None, None),
-        ("", None),
+        ("", None),  # nothing in it: no header, as DRF's token classes read it
+        (" \t\x0b", None),
     ],
 )
 def test_a_header_names_the_key_the_rest_api_reads(header: str | None, key: str | None) -> None:
@@ -78,6 +79,11 @@ async def test_a_scope_outside_the_session_middleware_gets_its_cookies_session()
     held = auth.with_session(scope)
     assert (await auth.authenticate(held)).pk == user.pk
     assert not (await auth.authenticate(scope)).is_authenticated  # no session: nobody
+    # An empty header is no header: the request was accepted with its session.
+    for blank in (b"", b"  "):
+        empty = {"type": "http", "headers": [*scope["headers"], (b"authorization", blank)]}
+        assert auth.by_session(empty)
+        assert (await auth.authenticate(auth.with_session(empty))).pk == user.pk
     await sync_to_async(store.flush)()
     assert not (await auth.authenticate(held)).is_authenticated
 

@@ -99,3 +99,38 @@ async def test_a_sessions_stream_is_checked_again_until_its_session_is_gone(
     ran = await asyncio.wait_for(streams.run({"name": "mine"}, 1, forever(started)), 5)
     assert ran is False, "ended by the check after its session went"
     assert checks == 3
+
+
+async def test_only_a_stream_that_sent_no_token_is_checked_again_as_a_sessions(
+    who, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty ``Authorization`` header is no token: the stream was opened with its
+    session, which ends by age too."""
+    monkeypatch.setattr(held, "session_recheck_delay", lambda: 3600.0)
+    streams = held.OpenStreams()
+    sent = {
+        "none": [],
+        "empty": [b""],
+        "blank": [b"  "],
+        "token": [b"Token k"],
+        "basic": [b"Basic k"],
+    }
+    started = {name: asyncio.Event() for name in sent}
+    runs = [
+        asyncio.create_task(
+            streams.run(
+                {"name": name, "headers": [(b"authorization", v) for v in values]},
+                1,
+                forever(started[name]),
+            )
+        )
+        for name, values in sent.items()
+    ]
+    for event in started.values():
+        await event.wait()
+    rechecked = {h.scope["name"] for h in streams.held if h.recheck is not None}
+    assert rechecked == {"none", "empty", "blank"}
+    for run in runs:
+        run.cancel()
+    await asyncio.gather(*runs, return_exceptions=True)
+    assert not streams.held
