@@ -60,6 +60,21 @@ def by_session(scope: dict[str, Any]) -> bool:
     return token_of(scope) is None
 
 
+# What a request that authenticated nobody is told, in the REST API's words: DRF's when
+# nothing was sent, the token classes' for a header that is no token or an unknown key.
+NOT_PROVIDED = "Authentication credentials were not provided."
+INVALID_HEADER = "Invalid token header."
+INVALID_TOKEN = "Invalid token."
+
+
+def refusal(scope: dict[str, Any]) -> str:
+    """The 401's message for a request whose credentials authenticated nobody."""
+    key = token_of(scope)
+    if key is None:
+        return NOT_PROVIDED
+    return INVALID_TOKEN if key else INVALID_HEADER
+
+
 def token_user(key: str) -> Any | None:
     """The user of an API token (active or not), None for an unknown key; mostly without
     a database trip (``streaming.tokens``). Synchronous: a database thread calls it."""

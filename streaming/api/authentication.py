@@ -22,7 +22,7 @@ from rest_framework.authentication import (
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 
-from streaming.auth import token_from_header, token_user
+from streaming.auth import INVALID_HEADER, INVALID_TOKEN, token_from_header, token_user
 
 
 class NoOtherScheme(BaseAuthentication):
@@ -33,7 +33,7 @@ class NoOtherScheme(BaseAuthentication):
 
     def authenticate(self, request: Request) -> None:
         if token_from_header(request.META.get("HTTP_AUTHORIZATION")) == "":
-            raise AuthenticationFailed(_("Invalid token header."))
+            raise AuthenticationFailed(_(INVALID_HEADER))
         return None
 
     def authenticate_header(self, request: Request) -> str:
@@ -44,7 +44,7 @@ class CachedTokenAuthentication(TokenAuthentication):
     def authenticate_credentials(self, key: str) -> tuple[Any, str]:
         user = token_user(key)
         if user is None:
-            raise AuthenticationFailed(_("Invalid token."))
+            raise AuthenticationFailed(_(INVALID_TOKEN))
         if not user.is_active:
             raise AuthenticationFailed(_("User inactive or deleted."))
         return user, key

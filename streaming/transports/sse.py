@@ -20,7 +20,7 @@ from channels.exceptions import StopConsumer
 from django.db import DatabaseError
 
 from streaming import selectors
-from streaming.auth import header, token_from_header
+from streaming.auth import header, refusal
 from streaming.conf import streaming_settings
 from streaming.errors import AUTHENTICATE, ServiceError, error_bytes
 from streaming.logcontext import stream_context
@@ -79,14 +79,8 @@ class MessageStreamConsumer(TaskedHttpConsumer):
             await self.error(503, "unavailable", "the database is unavailable; retry", retry)
             return False
         if not user.is_authenticated:
-            # In the REST API's words: a key that was sent and not taken is "invalid".
-            sent = bool(token_from_header(header(scope, b"authorization")))
-            await self.error(
-                401,
-                "not_authenticated",
-                "Invalid token." if sent else "Authentication credentials were not provided.",
-                [(b"www-authenticate", AUTHENTICATE.encode())],
-            )
+            challenge = [(b"www-authenticate", AUTHENTICATE.encode())]
+            await self.error(401, "not_authenticated", refusal(scope), challenge)
             return False
         if self.got_body or header(scope, b"content-length") not in (None, "0"):
             await self.error(400, "invalid_body", "a stream takes no request body", field="body")

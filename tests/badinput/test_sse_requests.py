@@ -38,11 +38,14 @@ async def test_a_body_is_refused_and_a_401_names_the_scheme(daphne, account):
         rest = await client.get(f"/api/messages/{message['id']}/")
         assert rest.headers["www-authenticate"] == anonymous.headers["www-authenticate"]
         assert anonymous.json()["error"]["message"] == rest.json()["error"]["message"]
-        wrong = {"Authorization": "Token not-a-key"}
-        bad_key = await client.get(url, headers=wrong)
-        rest = await client.get(f"/api/messages/{message['id']}/", headers=wrong)
-        assert bad_key.status_code == rest.status_code == 401
-        assert bad_key.json()["error"]["message"] == rest.json()["error"]["message"]
+        # A wrong key, and a header that is no token (another scheme, no key, a third
+        # part): the REST API's 401 and its words for each.
+        for sent in ("Token not-a-key", "Basic abc", "Token", f"Token {account.token} x"):
+            wrong = {"Authorization": sent}
+            bad_key = await client.get(url, headers=wrong)
+            rest = await client.get(f"/api/messages/{message['id']}/", headers=wrong)
+            assert bad_key.status_code == rest.status_code == 401
+            assert bad_key.json()["error"]["message"] == rest.json()["error"]["message"], sent
 
         served = await client.get(url, headers=auth(account.token))
         assert served.status_code == 200
