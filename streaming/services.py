@@ -113,17 +113,25 @@ def _id_or_none(value: Any) -> str | None:
 def _turns(
     conversation: Conversation, messages: list[Message], partial: Message | None = None
 ) -> list[ChatTurn]:
-    """The prompt: the system prompt, then every message with text or tool calls (with
-    them, and a tool result with the call it answers). ``partial`` is the answer a
-    Continue extends, last: it goes with its reasoning (the model must see its own
-    thinking to go on from it), even when the cut came before any answer text."""
+    """The prompt: the system prompt, then every message of ``messages`` (an assistant's
+    with its tool calls, a tool result with the call it answers) but an answer that said
+    nothing (no text, no tool calls: it failed or was cut before its first token). A tool
+    result is a turn even when empty: a tool that printed nothing answered its call, and
+    a call left unanswered is a malformed prompt. ``partial`` is the answer a Continue
+    extends, last: it goes with its reasoning (the model must see its own thinking to go
+    on from it), even when the cut came before any answer text."""
     turns = []
     if conversation.system_prompt:
         turns.append(ChatTurn("system", conversation.system_prompt))
-    turns.extend(_turn(m) for m in messages if m.content or m.tool_calls)
+    turns.extend(_turn(m) for m in messages if _said(m))
     if partial is not None:
         turns.append(ChatTurn(partial.role, partial.content, partial.reasoning))
     return turns
+
+
+def _said(message: Message) -> bool:
+    """Whether ``message`` is a turn of the prompt: all are but an empty answer."""
+    return message.role != Message.Role.ASSISTANT or bool(message.content or message.tool_calls)
 
 
 def _turn(message: Message) -> ChatTurn:

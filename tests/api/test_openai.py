@@ -423,6 +423,39 @@ def test_a_tool_loop_on_the_simulated_engine(daphne, account):
     assert stored[3]["content"] == "It is nine in Tokyo."
 
 
+def test_an_empty_tool_result_reaches_the_engine(daphne, account, emulator):
+    """A tool that printed nothing answered: its result is in the prompt of the answer
+    to it and of every later one, after the call it answers."""
+    server = daphne(ENGINE_URL=emulator, ENGINE_MODEL="test-model")
+    ai = sdk(server, account.token)
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    done = '[[emu {"text": "done", "ttft_ms": 0}]]'
+    raw = ai.chat.completions.with_raw_response.create(
+        model="test-model",
+        tools=tools,
+        messages=[
+            {"role": "user", "content": f"look it up {done}"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": ""},
+        ],
+    )
+    later = ai.chat.completions.with_raw_response.create(
+        model="test-model",
+        tools=tools,
+        messages=[{"role": "user", "content": f"and then? {done}"}],
+        extra_headers={"X-Conversation-Id": raw.headers["x-conversation-id"]},
+    )
+    for response, roles in (
+        (raw, ["user", "assistant", "tool"]),
+        (later, ["user", "assistant", "tool", "assistant", "user"]),
+    ):
+        record = wait_for_request_end(emulator, f"{response.headers['x-message-id']}.0")
+        asked = record["body"]["messages"]
+        assert [m["role"] for m in asked] == roles
+        assert asked[2] == {"role": "tool", "content": "", "tool_call_id": "call_1"}
+
+
 def test_an_answer_the_engine_refused_is_not_retried_by_the_sdk(daphne, account, emulator):
     """The SDK retries a 502 twice by default; a refusal would be refused again, each
     retry storing one more failed answer, so the server tells it not to."""

@@ -144,3 +144,24 @@ async def test_a_delete_stops_what_streams_until_the_rows_go(
         assert stops == [(mine, None), (mine, None)]
     else:
         assert stops == [(mine, None), (mine, 0)]
+
+
+def test_the_prompt_holds_an_empty_tool_result_but_not_an_empty_answer() -> None:
+    """A tool that printed nothing answered its call: its result is a turn, as the call
+    is. An answer that said nothing (it failed, or was cut before its first token) is not."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    conversation = Conversation(system_prompt="be brief")
+    path = [
+        Message(role=Message.Role.USER, content="look it up"),
+        Message(role=Message.Role.ASSISTANT, content="", tool_calls=[call]),
+        Message(role=Message.Role.TOOL, content="", tool_call_id="call_1"),
+        Message(role=Message.Role.ASSISTANT, content="", status=Status.ERROR),
+    ]
+    turns = services._turns(conversation, path)
+    assert [(t.role, t.content, t.tool_call_id) for t in turns] == [
+        ("system", "be brief", ""),
+        ("user", "look it up", ""),
+        ("assistant", "", ""),
+        ("tool", "", "call_1"),
+    ]
+    assert turns[2].tool_calls == (call,)
