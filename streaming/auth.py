@@ -65,14 +65,24 @@ def by_session(scope: dict[str, Any]) -> bool:
 NOT_PROVIDED = "Authentication credentials were not provided."
 INVALID_HEADER = "Invalid token header."
 INVALID_TOKEN = "Invalid token."
+INACTIVE = "User inactive or deleted."
 
 
-def refusal(scope: dict[str, Any]) -> str:
-    """The 401's message for a request whose credentials authenticated nobody."""
+class InactiveUser(AnonymousUser):
+    """Who a token of an inactive user authenticates: nobody, as for an unknown key, but
+    known as such, so the refusal can say why as the REST API does, without another
+    query on the 401's path."""
+
+
+def refusal(scope: dict[str, Any], user: Any) -> str:
+    """The 401's message for a request whose credentials authenticated nobody (``user``,
+    as ``resolve_user`` or ``authenticate`` gave it)."""
     key = token_of(scope)
     if key is None:
         return NOT_PROVIDED
-    return INVALID_TOKEN if key else INVALID_HEADER
+    if not key:
+        return INVALID_HEADER
+    return INACTIVE if isinstance(user, InactiveUser) else INVALID_TOKEN
 
 
 def token_user(key: str) -> Any | None:
@@ -83,7 +93,9 @@ def token_user(key: str) -> Any | None:
 
 def _user_for_token(key: str) -> Any:
     user = token_user(key)
-    return user if user is not None and user.is_active else AnonymousUser()
+    if user is None:
+        return AnonymousUser()
+    return user if user.is_active else InactiveUser()
 
 
 def cached_user(key: str) -> Any | None:
@@ -92,7 +104,7 @@ def cached_user(key: str) -> Any | None:
     user = tokens.cache().cached(key)
     if user is None:
         return None
-    return user if user.is_active else AnonymousUser()
+    return user if user.is_active else InactiveUser()
 
 
 async def user_for_token(key: str) -> Any:

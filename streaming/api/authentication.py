@@ -22,7 +22,7 @@ from rest_framework.authentication import (
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 
-from streaming.auth import INVALID_HEADER, INVALID_TOKEN, token_from_header, token_user
+from streaming.auth import INACTIVE, INVALID_HEADER, INVALID_TOKEN, token_from_header, token_user
 
 
 class NoOtherScheme(BaseAuthentication):
@@ -46,7 +46,7 @@ class CachedTokenAuthentication(TokenAuthentication):
         if user is None:
             raise AuthenticationFailed(_(INVALID_TOKEN))
         if not user.is_active:
-            raise AuthenticationFailed(_("User inactive or deleted."))
+            raise AuthenticationFailed(_(INACTIVE))
         return user, key
 
 

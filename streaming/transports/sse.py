@@ -80,7 +80,7 @@ class MessageStreamConsumer(TaskedHttpConsumer):
             return False
         if not user.is_authenticated:
             challenge = [(b"www-authenticate", AUTHENTICATE.encode())]
-            await self.error(401, "not_authenticated", refusal(scope), challenge)
+            await self.error(401, "not_authenticated", refusal(scope, user), challenge)
             return False
         if self.got_body or header(scope, b"content-length") not in (None, "0"):
             await self.error(400, "invalid_body", "a stream takes no request body", field="body")

@@ -12,7 +12,15 @@ from tests.support.clients import auth, create_conversation, post_message
 pytestmark = pytest.mark.asyncio
 
 
-async def test_a_body_is_refused_and_a_401_names_the_scheme(daphne, account):
+@pytest.fixture
+def inactive(make_account):
+    """An account whose user was deactivated: its token authenticates nobody."""
+    made = make_account("inactive")
+    type(made.user).objects.filter(pk=made.user.pk).update(is_active=False)
+    return made
+
+
+async def test_a_body_is_refused_and_a_401_names_the_scheme(daphne, account, inactive):
     server = daphne()
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         conversation = await create_conversation(client, account.token)
@@ -38,9 +46,16 @@ async def test_a_body_is_refused_and_a_401_names_the_scheme(daphne, account):
         rest = await client.get(f"/api/messages/{message['id']}/")
         assert rest.headers["www-authenticate"] == anonymous.headers["www-authenticate"]
         assert anonymous.json()["error"]["message"] == rest.json()["error"]["message"]
-        # A wrong key, and a header that is no token (another scheme, no key, a third
-        # part): the REST API's 401 and its words for each.
-        for sent in ("Token not-a-key", "Basic abc", "Token", f"Token {account.token} x"):
+        # A wrong key, an inactive user's, and a header that is no token (another scheme,
+        # no key, a third part): the REST API's 401 and its words for each.
+        sent_headers = (
+            "Token not-a-key",
+            f"Token {inactive.token}",
+            "Basic abc",
+            "Token",
+            f"Token {account.token} x",
+        )
+        for sent in sent_headers:
             wrong = {"Authorization": sent}
             bad_key = await client.get(url, headers=wrong)
             rest = await client.get(f"/api/messages/{message['id']}/", headers=wrong)

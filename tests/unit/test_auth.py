@@ -47,6 +47,23 @@ async def test_an_unknown_or_malformed_token_is_anonymous(token: Token, trips: l
     assert trips == ["resolve_user", "_user_for_token"], "a malformed header is not looked up"
 
 
+async def test_a_refusal_says_why_as_the_rest_api_does(token: Token) -> None:
+    """Unknown key, inactive user, no token in the header, nothing sent: each 401 in the
+    REST API's words, told from what resolving the caller gave (no query of its own)."""
+    await sync_to_async(User.objects.filter(pk=token.user_id).update)(is_active=False)
+    cases = {
+        f"Token {token.key}": auth.INACTIVE,
+        "Token " + "0" * 40: auth.INVALID_TOKEN,
+        "Basic abc": auth.INVALID_HEADER,
+        "": auth.NOT_PROVIDED,
+    }
+    for header, words in cases.items():
+        scope = _scope(header)
+        user = await auth.authenticate(scope)
+        assert not user.is_authenticated
+        assert auth.refusal(scope, user) == words, header
+
+
 @pytest.mark.parametrize(
     ("header", "key"),
     [
