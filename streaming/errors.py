@@ -5,7 +5,9 @@
 and then ``message`` starts with it). REST, WebSocket and the OpenAI-compatible endpoint
 all describe a ``ServiceError`` with ``describe`` and ``headers_of``; each wraps the same
 fields in its own envelope (a JSON body, a ``{"type": "error"}`` frame, OpenAI's error
-object). Stream errors use the event schema instead.
+object: ``error_document``). What answers a request by its path alone (Django's error
+views, the server's own refusals) takes the shape its path calls for from
+``error_for_path``. Stream errors use the event schema instead.
 """
 
 from __future__ import annotations
@@ -20,6 +22,21 @@ AUTHENTICATE = 'Token realm="api"'
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 IDEMPOTENCY_META = "HTTP_IDEMPOTENCY_KEY"  # as Django's request.META holds it
 REPLAYED_HEADER = "Idempotent-Replayed"
+# The OpenAI-compatible endpoint's paths: their errors carry OpenAI's ``type`` and ``param``.
+OPENAI_PREFIX = "/v1/"
+# OpenAI's error ``type`` for each status; any other is a ``server_error``.
+OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    408: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    431: "invalid_request_error",
+}
 
 
 class ServiceError(Exception):
@@ -162,6 +179,34 @@ def error_body(status: int, code: str, message: str, field: str | None = None) -
 
 def error_bytes(status: int, code: str, message: str, field: str | None = None) -> bytes:
     return json.dumps(error_body(status, code, message, field)).encode()
+
+
+def error_document(
+    status: int, code: str, message: str, field: str | None = None
+) -> dict[str, Any]:
+    """Our error shape plus OpenAI's ``type`` and ``param``, so both kinds of client read it."""
+    document = error_body(status, code, message, field)
+    document["error"]["type"] = OPENAI_TYPES.get(status, "server_error")
+    document["error"]["param"] = field
+    return document
+
+
+def error_for(
+    path: str, status: int, code: str, message: str, field: str | None = None
+) -> dict[str, Any]:
+    """The error object a request to ``path`` is answered with: ``error_document`` under
+    ``/v1/`` (every answer of the OpenAI-compatible endpoint has OpenAI's fields),
+    ``error_body`` elsewhere."""
+    if path.startswith(OPENAI_PREFIX):
+        return error_document(status, code, message, field)
+    return error_body(status, code, message, field)
+
+
+def error_for_path(
+    path: str, status: int, code: str, message: str, field: str | None = None
+) -> bytes:
+    """``error_for`` as a response body."""
+    return json.dumps(error_for(path, status, code, message, field)).encode()
 
 
 def describe(exc: ServiceError) -> dict[str, Any]:

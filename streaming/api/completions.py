@@ -22,7 +22,7 @@ from django.conf import settings
 
 from streaming import events
 from streaming.engines.base import ChatTurn
-from streaming.errors import InvalidParams, NotFound, ServiceError, error_body, too_long
+from streaming.errors import InvalidParams, NotFound, ServiceError, error_document, too_long
 from streaming.params import TOOL_NAME
 from streaming.storable import UNSTORABLE, is_storable
 from streaming.termination import Status
@@ -109,30 +109,9 @@ FINISH_REASONS = {
 # Ends that are failures for a caller: in-band error when streaming, an error status when not.
 FAILED = frozenset({Status.ERROR.value, Status.STALLED.value, Status.INTERRUPTED.value})
 
-OPENAI_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    409: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-}
-
 
 class ModelNotFound(NotFound):
     code = "model_not_found"
-
-
-def error_document(
-    status: int, code: str, message: str, field: str | None = None
-) -> dict[str, Any]:
-    """Our error shape plus OpenAI's ``type`` and ``param``, so both kinds of client read it."""
-    document = error_body(status, code, message, field)
-    document["error"]["type"] = OPENAI_TYPES.get(status, "server_error")
-    document["error"]["param"] = field
-    return document
 
 
 def service_error_document(exc: ServiceError, request: CompletionRequest | None) -> dict[str, Any]:

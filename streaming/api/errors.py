@@ -20,13 +20,14 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
-from streaming.api.completions import error_document
 from streaming.api.parsers import InvalidBodyError
 from streaming.errors import (
     AUTHENTICATE,
+    OPENAI_PREFIX,
     ServiceError,
     describe,
     error_body,
+    error_for,
     headers_of,
     unavailable,
 )
@@ -47,7 +48,7 @@ CODES = {
     503: "unavailable",
 }
 
-JSON_PREFIXES = ("/api/", "/v1/")
+JSON_PREFIXES = ("/api/", OPENAI_PREFIX)
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +106,9 @@ def _wants_json(request: HttpRequest) -> bool:
 def _json(request: HttpRequest, status_code: int, message: str) -> JsonResponse:
     """The error object; under ``/v1/`` with OpenAI's ``type`` and ``param`` too, as
     every answer of the OpenAI-compatible endpoint has them."""
-    code = CODES[status_code]
-    if request.path.startswith("/v1/"):
-        document = error_document(status_code, code, message)
-    else:
-        document = error_body(status_code, code, message)
-    return JsonResponse(document, status=status_code)
+    return JsonResponse(
+        error_for(request.path, status_code, CODES[status_code], message), status=status_code
+    )
 
 
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:

@@ -28,7 +28,6 @@ from streaming.api.completions import (
     ChunkStream,
     CompletionRequest,
     completion,
-    error_document,
     parse_request,
     service_error_document,
     termination_error,
@@ -36,7 +35,14 @@ from streaming.api.completions import (
 )
 from streaming.auth import authenticate, header
 from streaming.conf import streaming_settings
-from streaming.errors import NotFound, ServiceError, ShuttingDown, headers_of, unavailable
+from streaming.errors import (
+    NotFound,
+    ServiceError,
+    ShuttingDown,
+    error_document,
+    headers_of,
+    unavailable,
+)
 from streaming.ids import spelled_as_paths_take
 from streaming.jsonbody import (
     InvalidBody,
