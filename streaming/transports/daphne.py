@@ -68,7 +68,8 @@ path costs besides:
   (16 KiB, 500 headers) or that it cannot parse before Daphne sees it: with a bare
   ``400`` and no body, or, for a single line over 16 KiB, by closing the connection
   without a word. ``install_clear_refusals`` keeps the limits and answers with ``431``
-  (or ``400``) and the API's error object naming what was wrong.
+  (or ``400``) and the API's error object naming what was wrong, in OpenAI's shape under
+  ``/v1/`` (``streaming.errors.error_for_path``).
 
 All are checked when the process starts (``check_server``: the versions are the tested
 ones, the attributes exist) and when used. When one cannot work, a warning is logged once
@@ -96,7 +97,7 @@ from django.conf import settings
 
 from streaming import metrics
 from streaming.conf import streaming_settings
-from streaming.errors import error_bytes
+from streaming.errors import error_for_path
 from streaming.jsonbody import body_limit, too_large_detail
 
 log = logging.getLogger(__name__)
@@ -717,8 +718,35 @@ _REASONS = {
 }
 
 
-def _refusal(status: int, code: str, message: str) -> bytes:
-    body = error_bytes(status, code, message)
+# An absolute-form request target (RFC 9112 section 3.2.2): its scheme, its authority
+# (up to the path, the query or a fragment) and the rest.
+_ABSOLUTE_FORM = re.compile(rb"(?i)(https?)://([^/?#]*)(.*)", re.DOTALL)
+
+
+def absolute_form(target: bytes) -> tuple[bytes, bytes] | None:
+    """The authority and the origin-form (``/path?query``) of an absolute-form request
+    target (``http://host:port/path?query``), or None for a target of another form."""
+    found = _ABSOLUTE_FORM.fullmatch(target)
+    if found is None:
+        return None
+    rest = found.group(3)
+    return found.group(2), rest if rest.startswith(b"/") else b"/" + rest
+
+
+def target_path(target: bytes | None) -> str:
+    """The path a request target names (its query left off, an absolute-form one's path),
+    for the error shape it is answered in; "" when no target is known."""
+    if target is None:
+        return ""
+    origin = absolute_form(target)
+    path = (target if origin is None else origin[1]).split(b"?", 1)[0]
+    return path.decode("latin-1")
+
+
+def _refusal(status: int, code: str, message: str, target: bytes | None) -> bytes:
+    """A refusal written on the connection, with the error body ``target``'s path calls
+    for; in the plain shape when no request line was read (``target`` None)."""
+    body = error_for_path(target_path(target), status, code, message)
     head = (
         f"HTTP/1.1 {status} ".encode()
         + _REASONS[status]
@@ -736,7 +764,10 @@ def install_clear_refusals() -> bool:
     headers or a request it cannot parse with a bare ``400`` and no body, and closes a
     connection whose line is over ``MAX_LENGTH`` without a word. The limits stay
     Twisted's; only the answer changes: ``431`` for the size and the count (RFC 6585),
-    ``400`` otherwise, each with the API's error object, and the connection closed.
+    ``400`` otherwise, each with the API's error object, and the connection closed. The
+    object is in OpenAI's shape when the request's target is under ``/v1/``
+    (``error_for_path``), and in the plain one when no target is known: the request line
+    was not read yet (a line over ``MAX_LENGTH``) or could not be parsed.
 
     An HTTP/1.1 request without a ``Host`` header is refused the same way (``400``, as
     RFC 9112 section 3.2 requires of a server): Twisted and Daphne served it, and Django
@@ -764,7 +795,10 @@ def install_clear_refusals() -> bool:
         return False
 
     def refuse(self: Any, status: int, code: str, message: str) -> None:
-        self.transport.write(_refusal(status, code, message))
+        # The target of the request being read (Twisted keeps it until the request is
+        # whole), none while its line is not read or could not be parsed.
+        target = getattr(self, "_path", None)
+        self.transport.write(_refusal(status, code, message, target))
         self.loseConnection()
 
     def _respondToBadRequestAndDisconnect(self: Any) -> None:

@@ -167,34 +167,65 @@ def test_unknown_api_urls_and_methods_answer_the_error_shape(daphne, account):
         assert_error(api.post("/v1/models"), 405, "method_not_allowed")
 
 
-def refusal(server, sent: bytes) -> tuple[bytes, str]:
-    """The status line and error code a server answers ``sent`` with, on a raw
-    connection it then closes."""
+def refusal(server, sent: bytes) -> tuple[bytes, dict]:
+    """The head and error object a server answers ``sent`` with, on a raw connection it
+    then closes."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(sent)
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
-    return head.split(b"\r\n")[0], json.loads(body)["error"]["code"]
+    return head, json.loads(body)["error"]
 
 
 def test_a_body_declared_too_large_is_refused_before_it_is_sent(daphne):
     """No credentials, a Content-Length of 400 MB and no byte of the body: the answer
     comes at once (the whole body was written to disk twice before the refusal)."""
-    line, code = refusal(
+    head, error = refusal(
         daphne(),
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         b"Content-Type: application/json\r\nContent-Length: 400000000\r\n\r\n",
     )
-    assert line.startswith(b"HTTP/1.1 413 ") and code == "too_large", line
+    assert head.startswith(b"HTTP/1.1 413 ") and error["code"] == "too_large", head
 
 
 def test_a_request_trickled_in_is_refused_once_its_time_is_up(daphne):
     """Headers sent a byte at a time (each byte put Twisted's idle clock back, so the
     connection was held for ever): a 408 once ``HTTP_REQUEST_TIMEOUT`` has passed."""
-    line, code = refusal(
+    head, error = refusal(
         daphne(HTTP_REQUEST_TIMEOUT="1"),
         b"GET /api/conversations/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a",
     )
-    assert line.startswith(b"HTTP/1.1 408 ") and code == "request_timeout", line
+    assert head.startswith(b"HTTP/1.1 408 ") and error["code"] == "request_timeout", head
+
+
+def test_every_refusal_before_the_application_is_the_error_object_in_openais_shape_on_v1(
+    daphne,
+):
+    """What the server refuses before the application sees the request (a body over the
+    limit, headers over 16 KiB, a request that does not arrive in time, a CR in a header
+    value) is the error object and the connection closed, on ``/v1`` with OpenAI's
+    ``type`` and ``param`` as every other ``/v1`` error: they had neither."""
+    server = daphne(HTTP_REQUEST_TIMEOUT="1")
+    host = b"Host: 127.0.0.1\r\n"
+    for path, openai in (
+        (b"/v1/chat/completions", True),
+        (b"http://127.0.0.1/v1/chat/completions", True),  # the target in absolute form
+        (b"/api/conversations/", False),
+    ):
+        for rest, status, code in (
+            (host + b"Content-Length: 400000000\r\n\r\n", 413, "too_large"),
+            (host + b"X-Big: " + b"a" * 20_000 + b"\r\n\r\n", 431, "headers_too_large"),
+            (host + b"X-Slow: a", 408, "request_timeout"),
+            (host + b"X-A: a\rb\r\n\r\n", 400, "bad_request"),
+        ):
+            head, error = refusal(server, b"POST " + path + b" HTTP/1.1\r\n" + rest)
+            assert head.startswith(b"HTTP/1.1 %d " % status), (path, rest[-40:], head)
+            assert b"\r\nContent-Type: application/json\r\n" in head, head
+            assert b"\r\nConnection: close\r\n" in head, head
+            assert (error["status"], error["code"]) == (status, code), error
+            if openai:
+                assert (error["type"], error["param"]) == ("invalid_request_error", None), error
+            else:
+                assert "type" not in error and "param" not in error, error

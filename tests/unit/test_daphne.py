@@ -385,6 +385,99 @@ def test_a_request_that_does_not_arrive_whole_in_time_is_told_so() -> None:
         channel.connectionLost(None)
 
 
+def openai_fields(error: dict[str, object]) -> tuple[object, object] | None:
+    """OpenAI's ``type`` and ``param`` of an error object, None when it has neither."""
+    if "type" not in error and "param" not in error:
+        return None
+    return error.get("type"), error.get("param")
+
+
+V1_BIG = b"X-Big: " + b"a" * 20_000 + b"\r\n"
+
+
+V1_REFUSALS = [
+    (b"GET /v1/models HTTP/1.1\r\n" + V1_BIG + b"\r\n", 431, True),
+    (
+        b"GET /v1/models HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(600)) + b"\r\n",
+        431,
+        True,
+    ),
+    (
+        b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: h\r\nContent-Length: 1048577\r\n\r\n",
+        413,
+        True,
+    ),
+    (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + (b"ffff\r\n" + b"a" * 0xFFFF + b"\r\n") * 17,
+        413,
+        True,
+    ),
+    (b"GET /v1/models HTTP/1.1\r\nHost: h\r\nX-A: a\rb\r\n\r\n", 400, True),
+    (b"GET /v1/models HTTP/1.1\r\n\r\n", 400, True),
+    (
+        b"POST http://h:8000/v1/chat/completions HTTP/1.1\r\nHost: h\r\n"
+        b"Content-Length: 1048577\r\n\r\n",
+        413,
+        True,
+    ),
+    # Not under /v1/: our shape alone.
+    (b"GET /api/conversations/ HTTP/1.1\r\n" + V1_BIG + b"\r\n", 431, False),
+    (b"GET /v1 HTTP/1.1\r\n" + V1_BIG + b"\r\n", 431, False),
+    (b"GET http://h/v1x/ HTTP/1.1\r\n" + V1_BIG + b"\r\n", 431, False),
+    # No request line read: no path to go by.
+    (b"GET /v1/models?" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n", 431, False),
+    (b"GET /v1/models HTTP/1.1 x\r\n\r\n", 400, False),
+]
+
+
+def test_a_refusal_of_a_v1_request_is_in_openais_error_shape() -> None:
+    """Every answer under ``/v1/`` carries OpenAI's ``type`` and ``param``; the server's
+    own refusals did not. Elsewhere, and for a refusal made before the request line is
+    read, the object is ours alone."""
+    assert daphne.install_clear_refusals()
+    for raw, status, openai in V1_REFUSALS:
+        line, error, closing = answer_to(raw)
+        assert line.startswith(b"HTTP/1.1 %d " % status) and error["status"] == status, raw
+        expected = ("invalid_request_error", None) if openai else None
+        assert openai_fields(error) == expected, raw[:60]
+        assert closing
+
+
+def test_a_v1_request_that_does_not_arrive_whole_in_time_is_told_in_openais_shape() -> None:
+    from twisted.internet.task import Clock
+    from twisted.internet.testing import StringTransport
+    from twisted.web import http
+
+    assert daphne.install_clear_refusals()
+    for path, openai in ((b"/v1/models", True), (b"/api/conversations/", False)):
+        clock, transport, channel = Clock(), StringTransport(), http.HTTPChannel()
+        channel.callLater = clock.callLater
+        channel.makeConnection(transport)
+        channel.dataReceived(b"GET " + path + b" HTTP/1.1\r\nHost: h\r\nX-Slow: a")
+        clock.advance(61)
+        assert transport.value().startswith(b"HTTP/1.1 408 ")
+        error = json.loads(transport.value().partition(b"\r\n\r\n")[2])["error"]
+        assert error["code"] == "request_timeout"
+        assert openai_fields(error) == (("invalid_request_error", None) if openai else None)
+        channel.connectionLost(None)
+
+
+@pytest.mark.parametrize(
+    ("target", "path"),
+    [
+        (b"/v1/models?a=1", "/v1/models"),
+        (b"http://h:80/v1/models?a=1", "/v1/models"),
+        (b"HTTPS://h", "/"),
+        (b"http://h?a=/v1/", "/"),
+        (b"*", "*"),
+        (None, ""),
+    ],
+)
+def test_the_path_a_request_target_names(target: bytes | None, path: str) -> None:
+    assert daphne.target_path(target) == path
+
+
 def test_a_request_behind_unread_responses_closes_the_connection() -> None:
     """A request arriving while more than the send buffer's limit of the responses
     before it wait to be read (a client that pipelines and reads nothing) is not
