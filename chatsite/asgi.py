@@ -56,6 +56,9 @@ daphne.install_application_queues()
 # A request Twisted refuses (headers over 16 KiB, a line it cannot parse, a body over
 # MAX_REQUEST_BYTES) is told why, before its body is read.
 daphne.install_clear_refusals()
+# What Daphne refuses itself (a header value it disallows), and an application failing
+# before it answered, get the error object instead of an HTML page.
+daphne.install_json_errors()
 # A connection is not read while its client leaves replies unread or its frames queue up.
 daphne.install_read_holds()
 # After the SIGTERM drain, every WebSocket is closed with 1001, then the server stops.

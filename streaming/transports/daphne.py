@@ -70,6 +70,11 @@ path costs besides:
   without a word. ``install_clear_refusals`` keeps the limits and answers with ``431``
   (or ``400``) and the API's error object naming what was wrong, in OpenAI's shape under
   ``/v1/`` (``streaming.errors.error_for_path``).
+- **Daphne's own errors in the API's shape.** Daphne answers a request it refuses (a
+  header value with a control character it refuses, a header name that is no token) and an
+  application that failed before it answered with an HTML page (``basic_error``).
+  ``install_json_errors`` has it answer with the same status and the error object, in
+  OpenAI's shape under ``/v1/``, closing the connection after a refusal.
 
 All are checked when the process starts (``check_server``: the versions are the tested
 ones, the attributes exist) and when used. When one cannot work, a warning is logged once
@@ -112,6 +117,7 @@ CLOSE_CODES = "close_codes"
 APPLICATION_QUEUES = "application_queues"
 CLEAR_REFUSALS = "clear_refusals"
 READ_HOLDS = "read_holds"
+JSON_ERRORS = "json_errors"
 HOOKS = (
     SEND_BUFFER,
     WRITE_THROUGH,
@@ -123,6 +129,7 @@ HOOKS = (
     APPLICATION_QUEUES,
     CLEAR_REFUSALS,
     READ_HOLDS,
+    JSON_ERRORS,
 )
 # What each hook's absence costs, for the warning.
 WITHOUT = {
@@ -136,6 +143,7 @@ WITHOUT = {
     APPLICATION_QUEUES: "every open connection holds an asyncio.Queue (3.2 KB)",
     CLEAR_REFUSALS: "a request Twisted cannot parse gets a bare 400, or no answer at all",
     READ_HOLDS: "a client that sends without reading what it is sent grows the server's memory",
+    JSON_ERRORS: "a request Daphne refuses, or an application failing, gets an HTML page",
 }
 # Daphne's modules that name ``twisted.web.http`` as ``http``, and what they use of it.
 DAPHNE_HTTP_USERS = ("daphne.http_protocol", "daphne.server")
@@ -352,6 +360,82 @@ def install_raw_bodies() -> bool:
     request.__init__ = __init__
     request.raw_bodies = True
     metrics.SERVER_HOOKS.labels(hook=RAW_BODIES).set(1)
+    return True
+
+
+# Daphne's error answers (``WebRequest.basic_error``): the text it gives each, and ours.
+DAPHNE_ERRORS = {
+    "Invalid header name": "a header's name is not a token (RFC 9110 section 5.1)",
+    "Invalid header value": "a header's value holds a control character (RFC 9110 section 5.5)",
+    "Invalid characters in path": "the request's path is not ASCII",
+    "Invalid query string": "the request's query string is not ASCII",
+    "Daphne HTTP processing error": "internal server error",
+    "Exception inside application.": "internal server error",
+    "Application failed to respond within time limit.": "the application did not answer in time",
+}
+# The ``code`` of each status Daphne answers with; any other is a ``server_error``.
+DAPHNE_CODES = {400: "bad_request"}
+# What the hooks on Daphne's request read or replace, with the arguments they take.
+WEB_REQUEST_METHODS = {
+    "basic_error": ["self", "status", "status_text", "body"],
+    "handle_reply": ["self", "message"],
+}
+
+
+def _web_request(hook: str) -> Any | None:
+    """Daphne's ``WebRequest`` when it has the methods the hooks use, as they use them;
+    else None, reported as ``hook``'s absence."""
+    found = _daphne_modules(hook, ["daphne.http_protocol"])
+    if found is None:
+        return None
+    request = found[0].WebRequest
+    for name, arguments in WEB_REQUEST_METHODS.items():
+        method = getattr(request, name, None)
+        if method is None or list(inspect.signature(method).parameters) != arguments:
+            unavailable(hook, f"Daphne's WebRequest.{name} changed shape")
+            return None
+    return request
+
+
+def answer_error(request: Any, status: int, code: str, message: str) -> None:
+    """Answer Daphne's ``request`` with ``status`` and the error body its path calls for
+    (``error_for_path``). A refusal (4xx) closes the connection once it is sent: the
+    request was not served as sent, and nothing after it on the connection is read."""
+    channel = request.channel
+    if channel is None:
+        return  # the connection is gone: nobody to tell
+    body = error_for_path(target_path(request.uri), status, code, message)
+    headers = [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % len(body))]
+    if status < 500:
+        channel.persistent = False
+        headers.append((b"Connection", b"close"))
+    request.handle_reply({"type": "http.response.start", "status": status, "headers": headers})
+    request.handle_reply({"type": "http.response.body", "body": body})
+
+
+def install_json_errors() -> bool:
+    """Daphne answers what it refuses, and an application that failed before answering,
+    with the API's error object instead of an HTML page; False (and reported) when it
+    cannot.
+
+    Daphne's ``basic_error`` answers a header name that is no token or a header value
+    holding one of the control characters it refuses (``\\x0b``, ``\\x0c``,
+    ``\\x1c``-``\\x1e``, ``\\x85``; Twisted refuses NUL, CR and LF) with ``400``, an
+    exception in the application before its answer with ``500``; each keeps its status,
+    its message is ours (``DAPHNE_ERRORS``) and the body is in OpenAI's shape under ``/v1/``."""
+    request = _web_request(JSON_ERRORS)
+    if request is None:
+        return False
+    if getattr(request, "json_errors", False):
+        return True
+
+    def basic_error(self: Any, status: int, status_text: bytes, body: str) -> None:
+        code = DAPHNE_CODES.get(status, "server_error")
+        answer_error(self, status, code, DAPHNE_ERRORS.get(body, body))
+
+    request.basic_error = basic_error
+    request.json_errors = True
+    metrics.SERVER_HOOKS.labels(hook=JSON_ERRORS).set(1)
     return True
 
 

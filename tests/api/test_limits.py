@@ -204,9 +204,10 @@ def test_every_refusal_before_the_application_is_the_error_object_in_openais_sha
     daphne,
 ):
     """What the server refuses before the application sees the request (a body over the
-    limit, headers over 16 KiB, a request that does not arrive in time, a CR in a header
-    value) is the error object and the connection closed, on ``/v1`` with OpenAI's
-    ``type`` and ``param`` as every other ``/v1`` error: they had neither."""
+    limit, headers over 16 KiB, a request that does not arrive in time, a CR or another
+    control character in a header value) is the error object and the connection closed,
+    on ``/v1`` with OpenAI's ``type`` and ``param`` as every other ``/v1`` error. They
+    had neither, and Daphne answered a vertical tab with an HTML page."""
     server = daphne(HTTP_REQUEST_TIMEOUT="1")
     host = b"Host: 127.0.0.1\r\n"
     for path, openai in (
@@ -219,6 +220,7 @@ def test_every_refusal_before_the_application_is_the_error_object_in_openais_sha
             (host + b"X-Big: " + b"a" * 20_000 + b"\r\n\r\n", 431, "headers_too_large"),
             (host + b"X-Slow: a", 408, "request_timeout"),
             (host + b"X-A: a\rb\r\n\r\n", 400, "bad_request"),
+            (host + b"X-A: a\x0bb\r\n\r\n", 400, "bad_request"),
         ):
             head, error = refusal(server, b"POST " + path + b" HTTP/1.1\r\n" + rest)
             assert head.startswith(b"HTTP/1.1 %d " % status), (path, rest[-40:], head)

@@ -478,6 +478,117 @@ def test_the_path_a_request_target_names(target: bytes | None, path: str) -> Non
     assert daphne.target_path(target) == path
 
 
+class ApplicationQueue(list):
+    def put_nowait(self, message: object) -> None:
+        self.append(message)
+
+
+class DaphneApplicationServer(DaphneServer):
+    """What Daphne's request asks of its server to hand a request to the application:
+    the scopes it was asked to make applications for."""
+
+    server_name = "daphne"
+    root_path = ""
+    request_buffer_size = 8192
+    proxy_forwarded_address_header = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scopes: list[dict[str, object]] = []
+
+    def create_application(self, protocol: object, scope: dict[str, object]) -> ApplicationQueue:
+        self.scopes.append(scope)
+        return ApplicationQueue()
+
+    def protocol_disconnected(self, protocol: object) -> None: ...
+
+    def log_action(self, *args: object) -> None: ...
+
+
+def daphne_answer(raw: bytes) -> tuple[bytes, bytes, DaphneApplicationServer, object]:
+    """The head and body Daphne's request over Twisted's channel answers ``raw`` with, the
+    server that saw it and the channel's transport."""
+    from daphne.http_protocol import WebRequest
+    from twisted.internet.testing import StringTransport
+    from twisted.web import http
+
+    server = DaphneApplicationServer()
+    channel = http.HTTPChannel()
+    channel.requestFactory = WebRequest
+    channel.factory = type("Factory", (), {"server": server, "log": lambda self, r: None})()
+    transport = StringTransport()
+    channel.makeConnection(transport)
+    channel.dataReceived(raw)
+    head, _, body = transport.value().partition(b"\r\n\r\n")
+    return head, body, server, transport
+
+
+@pytest.mark.parametrize(
+    ("header", "openai"),
+    [
+        (b"X-A: a\x0bb", False),
+        (b"X-A: \x85", False),
+        (b"X-A: a\x1cb", True),
+    ],
+)
+def test_a_header_value_daphne_refuses_is_told_in_the_error_shape(
+    header: bytes, openai: bool
+) -> None:
+    """Daphne refuses a header value with a control character Twisted lets through: with
+    an HTML page, where every other refusal is the error object."""
+    assert daphne.install_json_errors()
+    assert daphne.install_json_errors()  # again: nothing changes
+    path = b"/v1/models" if openai else b"/api/conversations/"
+    head, body, server, transport = daphne_answer(
+        b"GET " + path + b" HTTP/1.1\r\nHost: h\r\n" + header + b"\r\n\r\n"
+    )
+    assert head.startswith(b"HTTP/1.1 400 "), head
+    assert b"\r\nContent-Type: application/json\r\n" in head
+    assert b"\r\nConnection: close\r\n" in head
+    error = json.loads(body)["error"]
+    assert (error["status"], error["code"]) == (400, "bad_request")
+    assert "RFC 9110" in error["message"]
+    assert openai_fields(error) == (("invalid_request_error", None) if openai else None)
+    assert server.scopes == [], "the application never saw it"
+    assert transport.disconnecting
+    assert hook_gauge(daphne.JSON_ERRORS) == 1
+
+
+def test_an_application_that_fails_before_answering_gets_the_error_object() -> None:
+    """Daphne's 500 for an application's exception is the error object too; the
+    connection stays open for the next request, as Daphne keeps it."""
+    assert daphne.install_json_errors()
+    for path, openai in ((b"/v1/models", True), (b"/api/conversations/", False)):
+        head, body, server, transport = daphne_answer(
+            b"GET " + path + b" HTTP/1.1\r\nHost: h\r\n\r\n"
+        )
+        assert (head, body) == (b"", b"") and len(server.scopes) == 1
+        (request,) = server.connected
+        request.handle_exception(RuntimeError("the application failed"))
+        head, _, body = transport.value().partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 500 "), head
+        error = json.loads(body)["error"]
+        assert (error["code"], error["message"]) == ("server_error", "internal server error")
+        assert openai_fields(error) == (("server_error", None) if openai else None)
+        assert b"Connection: close" not in head and not transport.disconnecting
+
+
+def test_a_daphne_whose_error_page_changed_shape_keeps_it(monkeypatch, caplog) -> None:
+    from daphne.http_protocol import WebRequest
+
+    def basic_error(self: object, status: int, body: str) -> None: ...
+
+    monkeypatch.setattr(WebRequest, "basic_error", basic_error)
+    daphne._warned.discard(daphne.JSON_ERRORS)
+    with caplog.at_level(logging.WARNING, logger="streaming.transports.daphne"):
+        assert not daphne.install_json_errors()
+    assert WebRequest.basic_error is basic_error
+    assert "WebRequest.basic_error changed shape" in caplog.text
+    assert hook_gauge(daphne.JSON_ERRORS) == 0
+    daphne._warned.discard(daphne.JSON_ERRORS)
+    daphne.metrics.SERVER_HOOKS.labels(hook=daphne.JSON_ERRORS).set(1)
+
+
 def test_a_request_behind_unread_responses_closes_the_connection() -> None:
     """A request arriving while more than the send buffer's limit of the responses
     before it wait to be read (a client that pipelines and reads nothing) is not
