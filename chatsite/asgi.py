@@ -59,6 +59,8 @@ daphne.install_clear_refusals()
 # What Daphne refuses itself (a header value it disallows), and an application failing
 # before it answered, get the error object instead of an HTML page.
 daphne.install_json_errors()
+# A request naming its target as a whole URL is served by its path, for the host it names.
+daphne.install_absolute_targets()
 # A connection is not read while its client leaves replies unread or its frames queue up.
 daphne.install_read_holds()
 # After the SIGTERM drain, every WebSocket is closed with 1001, then the server stops.

@@ -75,6 +75,11 @@ path costs besides:
   application that failed before it answered with an HTML page (``basic_error``).
   ``install_json_errors`` has it answer with the same status and the error object, in
   OpenAI's shape under ``/v1/``, closing the connection after a refusal.
+- **Absolute-form targets.** A request may name its target whole (``GET
+  http://host/api/conversations/ HTTP/1.1``, RFC 9112 section 3.2.2); Daphne passed the
+  whole URL on as the path, and Django answered an HTML 404. ``install_absolute_targets``
+  serves it by its path, with the target's authority for its ``Host`` (as the RFC
+  requires), so ``ALLOWED_HOSTS`` judges the host the target names.
 
 All are checked when the process starts (``check_server``: the versions are the tested
 ones, the attributes exist) and when used. When one cannot work, a warning is logged once
@@ -118,6 +123,7 @@ APPLICATION_QUEUES = "application_queues"
 CLEAR_REFUSALS = "clear_refusals"
 READ_HOLDS = "read_holds"
 JSON_ERRORS = "json_errors"
+ABSOLUTE_TARGETS = "absolute_targets"
 HOOKS = (
     SEND_BUFFER,
     WRITE_THROUGH,
@@ -130,6 +136,7 @@ HOOKS = (
     CLEAR_REFUSALS,
     READ_HOLDS,
     JSON_ERRORS,
+    ABSOLUTE_TARGETS,
 )
 # What each hook's absence costs, for the warning.
 WITHOUT = {
@@ -144,6 +151,7 @@ WITHOUT = {
     CLEAR_REFUSALS: "a request Twisted cannot parse gets a bare 400, or no answer at all",
     READ_HOLDS: "a client that sends without reading what it is sent grows the server's memory",
     JSON_ERRORS: "a request Daphne refuses, or an application failing, gets an HTML page",
+    ABSOLUTE_TARGETS: "a request naming its target as a whole URL gets a 404",
 }
 # Daphne's modules that name ``twisted.web.http`` as ``http``, and what they use of it.
 DAPHNE_HTTP_USERS = ("daphne.http_protocol", "daphne.server")
@@ -379,6 +387,7 @@ DAPHNE_CODES = {400: "bad_request"}
 WEB_REQUEST_METHODS = {
     "basic_error": ["self", "status", "status_text", "body"],
     "handle_reply": ["self", "message"],
+    "process": ["self"],
 }
 
 
@@ -436,6 +445,44 @@ def install_json_errors() -> bool:
     request.basic_error = basic_error
     request.json_errors = True
     metrics.SERVER_HOOKS.labels(hook=JSON_ERRORS).set(1)
+    return True
+
+
+def install_absolute_targets() -> bool:
+    """Daphne serves a request whose target is in absolute form by its path; False (and
+    reported) when it cannot.
+
+    RFC 9112 section 3.2.2 has a server take ``GET http://host:port/path?query`` as a
+    request for ``/path?query`` whose host is the target's authority, whatever its
+    ``Host`` header says: the header is replaced by it, so ``ALLOWED_HOSTS`` judges the
+    host the target names (Django, and ``streaming.transports.hosts`` for the routes it
+    does not serve), and a host it refuses there is refused as in a ``Host`` header. A
+    target with no host or with user information (``http://user@host/``) is refused
+    with ``400``, as RFC 9110 sections 4.2.1 and 4.2.4 ask. The request's scheme stays
+    the connection's (or the proxy's ``X-Forwarded-Proto``), not the target's."""
+    request = _web_request(ABSOLUTE_TARGETS)
+    if request is None:
+        return False
+    if getattr(request, "absolute_targets", False):
+        return True
+    process = request.process
+
+    def process_target(self: Any) -> Any:
+        found = absolute_form(self.uri)
+        if found is None:
+            return process(self)
+        authority, origin = found
+        if not authority or b"@" in authority:
+            why = "user information" if authority else "no host"
+            return answer_error(self, 400, "bad_request", f"the request's target names {why}")
+        self.uri = origin
+        self.path = origin.split(b"?", 1)[0]
+        self.requestHeaders.setRawHeaders(b"host", [authority])
+        return process(self)
+
+    request.process = process_target
+    request.absolute_targets = True
+    metrics.SERVER_HOOKS.labels(hook=ABSOLUTE_TARGETS).set(1)
     return True
 
 

@@ -3,6 +3,7 @@ that are too large (413) or not UTF-8 (400), all in the one error shape."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import uuid
@@ -231,3 +232,43 @@ def test_every_refusal_before_the_application_is_the_error_object_in_openais_sha
                 assert (error["type"], error["param"]) == ("invalid_request_error", None), error
             else:
                 assert "type" not in error and "param" not in error, error
+
+
+def exchange(server, sent: bytes) -> tuple[int, bytes]:
+    """The status and body a server answers ``sent`` with, on a raw connection."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(sent)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        return response.status, response.read()
+
+
+def test_an_absolute_form_target_is_served_by_its_path_for_the_host_it_names(daphne, account):
+    """RFC 9112 section 3.2.2: ``GET http://host/path`` is a request for ``/path`` whose
+    host is the target's, whatever its ``Host`` header says (Django answered an HTML 404:
+    the whole URL was taken for the path). A host ``ALLOWED_HOSTS`` refuses there is
+    refused as in a ``Host`` header, on REST and on ``/v1`` alike."""
+    server = daphne()
+    token = f"Authorization: Bearer {account.token}\r\n".encode()
+    with client(server, account.token) as api:
+        new_conversation(api)
+
+    def get(target: bytes, host: bytes) -> tuple[int, bytes]:
+        return exchange(
+            server,
+            b"GET " + target + b" HTTP/1.1\r\nHost: " + host + b"\r\n" + token
+            + b"Connection: close\r\n\r\n",
+        )  # fmt: skip
+
+    here = b"127.0.0.1:%d" % server.port
+    status, body = get(b"http://" + here + b"/api/conversations/?page=1", b"elsewhere.test")
+    assert status == 200, body
+    assert json.loads(body)["count"] == 1
+    status, body = get(b"HTTP://" + here + b"/v1/models", b"elsewhere.test")
+    assert status == 200 and json.loads(body)["object"] == "list", body
+
+    for path in (b"/api/conversations/", b"/v1/models"):
+        named = get(b"http://elsewhere.test" + path, here)
+        assert named == get(path, b"elsewhere.test"), "refused as in a Host header"
+        status, body = named
+        assert status == 400 and "ALLOWED_HOSTS" in json.loads(body)["error"]["message"], body

@@ -589,6 +589,56 @@ def test_a_daphne_whose_error_page_changed_shape_keeps_it(monkeypatch, caplog) -
     daphne.metrics.SERVER_HOOKS.labels(hook=daphne.JSON_ERRORS).set(1)
 
 
+ABSOLUTE_TARGETS = [
+    (b"http://Example.test:8000/api/x/?a=1", "/api/x/", b"a=1", b"Example.test:8000"),
+    (b"HTTPS://[::1]:8443/v1/models", "/v1/models", b"", b"[::1]:8443"),
+    (b"http://example.test?a=1", "/", b"a=1", b"example.test"),
+    (b"http://example.test", "/", b"", b"example.test"),
+    (b"/api/x/?a=1", "/api/x/", b"a=1", b"other.test"),  # origin-form: as it came
+]
+
+
+def test_an_absolute_form_target_is_served_by_its_path_for_its_host() -> None:
+    """RFC 9112 section 3.2.2: the target's authority is the request's host, whatever
+    its ``Host`` says; Daphne passed the whole URL on as the path."""
+    assert daphne.install_absolute_targets()
+    assert daphne.install_absolute_targets()  # again: nothing changes
+    for target, path, query, host in ABSOLUTE_TARGETS:
+        _head, _body, server, _transport = daphne_answer(
+            b"GET " + target + b" HTTP/1.1\r\nHost: other.test\r\nX-A: 1\r\n\r\n"
+        )
+        (scope,) = server.scopes
+        seen = (scope["path"], scope["raw_path"], scope["query_string"], scope["headers"])
+        assert seen == (path, path.encode(), query, [(b"host", host), (b"x-a", b"1")]), target
+    assert hook_gauge(daphne.ABSOLUTE_TARGETS) == 1
+
+
+@pytest.mark.parametrize(
+    ("target", "why"),
+    [
+        (b"http:///v1/models", "no host"),
+        (b"http://user:secret@example.test/v1/models", "user information"),
+    ],
+)
+def test_an_absolute_form_target_without_a_host_or_with_user_information_is_refused(
+    target: bytes, why: str
+) -> None:
+    """RFC 9110 sections 4.2.1 and 4.2.4: an http URI with an empty host is invalid, and
+    one with user information is an error (a host that is not the host)."""
+    assert daphne.install_absolute_targets()
+    head, body, server, transport = daphne_answer(
+        b"GET " + target + b" HTTP/1.1\r\nHost: example.test\r\n\r\n"
+    )
+    assert head.startswith(b"HTTP/1.1 400 ") and b"\r\nConnection: close\r\n" in head
+    error = json.loads(body)["error"]
+    assert (error["code"], error["message"]) == (
+        "bad_request",
+        f"the request's target names {why}",
+    )
+    assert openai_fields(error) == ("invalid_request_error", None)
+    assert server.scopes == [] and transport.disconnecting
+
+
 def test_a_request_behind_unread_responses_closes_the_connection() -> None:
     """A request arriving while more than the send buffer's limit of the responses
     before it wait to be read (a client that pipelines and reads nothing) is not
