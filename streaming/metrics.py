@@ -185,8 +185,7 @@ REAPED = Counter("chat_reaped_segments_total", "Segments finalised by a reaper."
 SERVER_HOOKS = Gauge(
     "chat_server_hooks_available",
     "1 while a hook into the server works in every live process, 0 once one process found "
-    "it unavailable: 'send_buffer' (the per-connection memory bound), 'write_through', "
-    "'raw_bodies', 'plain_http', 'lazy_log_fields' or 'closing_sends'.",
+    "it unavailable: one of streaming.transports.daphne.HOOKS (docs/metrics.md lists them).",
     ["hook"],
     multiprocess_mode="livemin",
 )
