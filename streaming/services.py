@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import threading
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -45,11 +46,14 @@ from streaming.events import done as done_event
 from streaming.generation import Generation, SegmentPlan
 from streaming.models import Conversation, Message, Segment
 from streaming.params import ParamError, validate_params
+from streaming.reading import Subscription
 from streaming.runtime import get_runtime
 from streaming.selectors import conversation_for, locked_for_post, message_for
 from streaming.storable import UNSTORABLE, is_storable
 from streaming.termination import NATURAL_ENDS, Status
 from streaming.worker import WORKER_ID
+
+log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -1252,6 +1256,68 @@ async def left_unread(message_id: str) -> None:
     generation = get_runtime().generations.get(message_id)
     if generation is not None:
         await generation.left_unread()
+
+
+async def reader_left(subscription: Subscription) -> None:
+    """A transport is done with ``subscription``, whether it read it or not: the one way
+    it tells a reader's leaving that the reader could not tell itself. A reader counted
+    in presence told it as it left (``Subscription.frames``); one that never began (its
+    task cancelled before it ran, its caller gone first) gives back a count it took over
+    and leaves its answer unread (``left_unread``), as if it had come and gone. Never
+    raises: a failure (presence unreachable) is logged, and the transport ends as it
+    would."""
+    try:
+        await subscription.release()
+        if subscription.ended_status is None and not subscription.counted:
+            await left_unread(subscription.state.id)
+    except Exception:
+        log.exception("could not tell that a reader left")
+
+
+# The answers made for callers that left meanwhile, being told so (``read_by_caller``).
+_unread: set[asyncio.Task[None]] = set()
+
+
+async def read_by_caller(making: Awaitable[T], answer_of: Callable[[T], str | None]) -> T:
+    """``making``, a call that makes an answer for its caller to read (a post, an edit,
+    a Continue; ``answer_of`` names the answer its result made, None for none), awaited
+    shielded from the caller's cancellation. A caller cancelled meanwhile (its client
+    left) would not stop the making anyway (its database work runs on in a thread and
+    commits whole), only stop waiting for it, and nobody would know of the answer: it
+    is left unread (``left_unread``) the moment it exists instead, so it is abandoned
+    unless someone else reads it, as when a reader leaves. The cancellation goes on at
+    once: the caller is not held until the answer exists."""
+    made = asyncio.ensure_future(making)
+    try:
+        return await asyncio.shield(made)
+    except asyncio.CancelledError:
+        made.add_done_callback(functools.partial(_made_unread, answer_of))
+        raise
+
+
+def _made_unread(answer_of: Callable[[Any], str | None], made: asyncio.Future[Any]) -> None:
+    """``made`` ended for a caller that left: the answer it made, if any, left unread."""
+    if made.cancelled() or made.exception() is not None:
+        return  # refused or failed: nothing was made
+    message_id = answer_of(made.result())
+    if message_id is None:
+        return
+    telling = asyncio.create_task(_tell_unread(message_id))
+    _unread.add(telling)
+    telling.add_done_callback(_unread.discard)
+
+
+async def _tell_unread(message_id: str) -> None:
+    try:
+        await left_unread(message_id)
+    except Exception:
+        log.exception("could not tell that the caller of an answer left")
+
+
+def answer_made(exchange: Exchange) -> str:
+    """The answer of an exchange (``read_by_caller``'s ``answer_of`` for a service that
+    makes one): the one it made, or the one a retry found."""
+    return str(exchange.assistant_message.id)
 
 
 async def stop_answers(

@@ -12,7 +12,9 @@ Channels serialises a consumer's handlers, so the answer is produced in a task a
 ``http.disconnect`` handler cancels it: a caller closing the stream (or giving up on a
 non-streaming call) abandons the generation at once (abandon grace 0) and the engine
 request is aborted, unless another reader still reads the answer (the chat page
-following the conversation): then it is abandoned when the last of them leaves.
+following the conversation): then it is abandoned when the last of them leaves. A
+caller that leaves while its answer is still being made leaves it the same way, the
+moment it exists (``services.read_by_caller``).
 """
 
 from __future__ import annotations
@@ -237,11 +239,7 @@ class ChatCompletionsConsumer(OpenAIConsumer):
                 if not await streams.run(self.scope, user.pk, answering):
                     await self.revoked(chunks)
             finally:
-                if subscription.ended_status is None and not subscription.counted:
-                    # Gone before its reader was counted: its leaving is told here, so the
-                    # answer is abandoned unless someone else reads it. A reader that was
-                    # counted told presence itself as it left.
-                    await services.left_unread(message_id)
+                await services.reader_left(subscription)
 
     async def revoked(self, chunks: ChunkStream | None) -> None:
         """The caller's credentials were revoked while the answer was produced: a stream
@@ -270,17 +268,19 @@ class ChatCompletionsConsumer(OpenAIConsumer):
             conversation_id = conversation_id.strip()
             if not spelled_as_paths_take(conversation_id):  # names none, as on REST
                 raise NotFound("no conversation of yours has this id", field="X-Conversation-Id")
+        posting = services.post_message(
+            user,
+            conversation_id,
+            request.content,
+            request.params,
+            prior=request.prior,
+            abandon_grace=0,
+            tool_call_id=request.tool_call_id,
+            model=request.model,
+        )
         try:
-            return await services.post_message(
-                user,
-                conversation_id,
-                request.content,
-                request.params,
-                prior=request.prior,
-                abandon_grace=0,
-                tool_call_id=request.tool_call_id,
-                model=request.model,
-            )
+            # The caller may leave while the answer is made: it is then left unread.
+            return await services.read_by_caller(posting, services.answer_made)
         except NotFound as exc:
             if conversation_id is None or exc.field is not None:
                 raise

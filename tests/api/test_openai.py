@@ -13,6 +13,8 @@ import pytest
 
 from tests.api.calls import assert_error, client, new_conversation, read_to_end
 from tests.emulator.server import wait_for_request_end
+from tests.support.clients import create_conversation
+from tests.support.leaving import ended_answer, held_owner, leave, seen_gone, send_request
 
 EMOJI_TEXT = "Family 👨‍👩‍👧‍👦, flag 🇯🇵, thumbs 👍🏽 – and 日本語 too."
 FAST = {"ttft_ms": 0, "tokens_per_second": 1000}
@@ -371,6 +373,39 @@ def test_closing_the_sdk_stream_leaves_an_answer_someone_else_reads(daphne, acco
         stored = api.get(f"/api/messages/{message_id}/").json()
     assert events[-1]["status"] == "complete"
     assert stored["status"] == "complete"
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+async def test_a_caller_gone_before_its_answer_exists_leaves_it_unread(daphne, account, stream):
+    """A caller that leaves while its call is still making the answer (here: waiting on
+    its owner's row, which the test holds): the answer is made all the same, and is
+    abandoned as soon as it exists, as when the caller closes its stream. It ran to its
+    end for nobody, holding one of the user's answers (a concurrency limit of 1: every
+    other call of theirs refused) meanwhile."""
+    server = daphne(MAX_CONCURRENT_GENERATIONS_PER_USER="1")
+    long = {"length": 200, "tokens_per_second": 50, "ttft_ms": 0}
+    body = {
+        "model": "simulated",
+        "messages": [{"role": "user", "content": "never read"}],
+        "stream": stream,
+        "simulation": long,
+    }
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        conversation = await create_conversation(api, account.token)
+        headers = {"Authorization": f"Bearer {account.token}", "X-Conversation-Id": conversation}
+        async with held_owner(account.user.pk) as held:
+            caller = await send_request(server, "POST", "/v1/chat/completions", headers, body)
+            await held.waited_on()
+            await leave(caller)
+            await seen_gone(api)
+        answer = await ended_answer(api, account.token, conversation)
+        assert answer["status"] == "abandoned"
+        again = await api.post(
+            "/v1/chat/completions",
+            json={**body, "stream": False, "simulation": FAST},
+            headers=headers,
+        )
+        assert again.status_code == 200, "the user's one answer was free again"
 
 
 def test_emulator_engine_streams_emoji_intact(daphne, account, emulator):
