@@ -30,7 +30,7 @@ import json
 import logging
 from typing import Any
 
-from streaming import selectors
+from streaming import selectors, services
 from streaming.auth import authenticate, header, with_session
 from streaming.conf import streaming_settings
 from streaming.errors import error_bytes, headers_of, unavailable
@@ -110,6 +110,48 @@ class _Capture:
             return None
 
 
+class _HeldDisconnect:
+    """The ``receive`` of a post Django answers (``for_django``): the request's messages
+    as they come, but a disconnect after the body is held from Django. Django drops its
+    response when the client leaves, while the view's thread goes on and makes the
+    answer: nobody would know it was made, and it would run to its end for nobody. Held,
+    the response is made and its stream opened, and the stream's ``receive`` (``after``)
+    gets the disconnect first: it leaves as any reader that leaves does."""
+
+    def __init__(self, receive: Any) -> None:
+        self.receive = receive
+        self.body_read = False
+        self.held: dict[str, Any] | None = None
+
+    async def for_django(self) -> dict[str, Any]:
+        message = await self.receive()
+        if not self.body_read:
+            self.body_read = message["type"] != "http.request" or not message.get("more_body")
+            return message
+        if message["type"] == "http.disconnect":
+            self.held = message
+            # Django's watch for the disconnect waits here until Django, its response
+            # made, cancels it.
+            await asyncio.get_running_loop().create_future()
+        return message
+
+    async def after(self) -> dict[str, Any]:
+        if self.held is not None:
+            message, self.held = self.held, None
+            return message
+        return await self.receive()
+
+
+def _lean_answer(made: tuple[MessageState, int] | leanpost.Receive) -> str | None:
+    """The answer the lean path made, if it made one (``services.read_by_caller``)."""
+    return made[0].id if isinstance(made, tuple) else None
+
+
+def _django_answer(state: MessageState | None) -> str | None:
+    """The answer Django made, if it made one (``services.read_by_caller``)."""
+    return None if state is None else state.id
+
+
 class OneStepAnswers:
     """ASGI middleware in front of Django (see the module's docstring). ``lean``: the
     route is a message post's, tried on the lean path first."""
@@ -119,11 +161,15 @@ class OneStepAnswers:
         self.lean = lean
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        """The answer is made for this caller to read: a caller gone while it is made
+        (this call cancelled) leaves it unread (``services.read_by_caller``)."""
         if not wants_stream(scope):
             return await self.django(scope, receive, send)
         if self.lean:
             try:
-                lean = await self._create_lean(scope, receive, send)
+                lean = await services.read_by_caller(
+                    self._create_lean(scope, receive, send), _lean_answer
+                )
             except Exception as exc:
                 # Nothing was sent yet (``_open`` encodes before it sends): the error is
                 # answered as the REST API answers one, in its JSON shape.
@@ -134,7 +180,10 @@ class OneStepAnswers:
                 return
             receive = lean  # the body read so far, then the rest
         ONE_STEP_POSTS.labels(path="django").inc()
-        state = await self._create(scope, receive, send)
+        held = _HeldDisconnect(receive)
+        state = await services.read_by_caller(
+            self._create(scope, held.for_django, send), _django_answer
+        )
         if state is None:
             return
         # Whose answer it is, Django knew and did not say: the credentials it accepted
@@ -144,7 +193,7 @@ class OneStepAnswers:
         if not user.is_authenticated:  # revoked since: as a revocation ends a stream
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
-        await self._stream(state, user.pk, scope, receive, send)
+        await self._stream(state, user.pk, scope, held.after, send)
 
     async def _create_lean(
         self, scope: dict[str, Any], receive: Any, send: Any

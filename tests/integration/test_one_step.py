@@ -20,6 +20,7 @@ from tests.support.clients import (
     text_of,
     wait_for_status,
 )
+from tests.support.leaving import ended_answer, held_owner, leave, seen_gone, send_request
 
 pytestmark = pytest.mark.asyncio
 
@@ -344,3 +345,29 @@ async def test_leaving_a_one_step_stream_abandons_the_answer(daphne, account) ->
         )
         ended = await wait_for_status(api, account.token, head[0].data["message"]["id"])
         assert ended["status"] == "abandoned"
+
+
+async def test_a_caller_gone_while_django_makes_its_answer_leaves_it_unread(
+    daphne, account
+) -> None:
+    """A one-step post through Django whose caller leaves while the post is still being
+    made (waiting on its owner's row, which the test holds): Django's response is still
+    made, the stream opened for it and told its reader left, so the answer is abandoned
+    as when the caller leaves its stream. Django used to drop the response when the client
+    left, and the answer it had made ran to its end for nobody."""
+    server = daphne(STREAM_ABANDON_GRACE="0")
+    endless = {"simulation": {"length": 200, "tokens_per_second": 50, "ttft_ms": 0}}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        conversation = await create_conversation(api, account.token)
+        # A query string: the post goes through Django, not the lean path.
+        url = f"/api/conversations/{conversation}/messages/?wait=false"
+        headers = {**STREAM, **auth(account.token)}
+        async with held_owner(account.user.pk) as held:
+            caller = await send_request(
+                server, "POST", url, headers, {"content": "never read", "params": endless}
+            )
+            await held.waited_on()
+            await leave(caller)
+            await seen_gone(api)
+        answer = await ended_answer(api, account.token, conversation)
+        assert answer["status"] == "abandoned"
