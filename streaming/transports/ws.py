@@ -24,6 +24,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from streaming import events, selectors
@@ -38,10 +39,13 @@ from streaming.params import unknown_field
 from streaming.reading import MessageState, SlowConsumer, Subscription, has_more, parse_cursor
 from streaming.services import (
     Exchange,
+    answer_made,
     cancel_message,
     continue_message,
     edit_message,
     post_message,
+    read_by_caller,
+    reader_left,
     regenerate_message,
 )
 from streaming.storable import is_storable
@@ -205,7 +209,11 @@ class ChatConsumer(LoopWebsocketConsumer):
                 await task
         if hasattr(self, "subscriptions"):
             self.subscriptions.clear()
-            self.readers.clear()
+            # Those whose stream never began (cancelled before it ran): a stream that ran
+            # took its reader off as it ended.
+            unread, self.readers = list(self.readers.values()), {}
+            for subscription in unread:
+                await reader_left(subscription)
 
     # --- receive: parse, dispatch, answer; never stream here -----------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -381,7 +389,7 @@ class ChatConsumer(LoopWebsocketConsumer):
         self._room_to_follow(subscribe)
         # Checked by the service, whatever its type: "" (or null) is the default model.
         model = frame.get("model")
-        exchange = await post_message(
+        posting = post_message(
             self.user,
             conversation,
             frame.get("content"),
@@ -390,24 +398,24 @@ class ChatConsumer(LoopWebsocketConsumer):
             parent_id=frame.get("parent_id"),
             **_keyed(frame),
         )
-        await self._started(frame, exchange, subscribe)
+        await self._started(frame, await _made(posting, subscribe), subscribe)
 
     async def on_regenerate(self, frame: dict[str, Any]) -> None:
         message_id = self._message_id(frame)
         subscribe = self._flag(frame, "subscribe", True)
         stop = self._flag(frame, "stop", False)
         self._room_to_follow(subscribe)
-        exchange = await regenerate_message(
+        regenerating = regenerate_message(
             self.user, message_id, frame.get("params"), stop=stop, **_keyed(frame)
         )
-        await self._started(frame, exchange, subscribe)
+        await self._started(frame, await _made(regenerating, subscribe), subscribe)
 
     async def on_edit(self, frame: dict[str, Any]) -> None:
         message_id = self._message_id(frame)
         subscribe = self._flag(frame, "subscribe", True)
         stop = self._flag(frame, "stop", False)
         self._room_to_follow(subscribe)
-        exchange = await edit_message(
+        editing = edit_message(
             self.user,
             message_id,
             frame.get("content"),
@@ -416,7 +424,7 @@ class ChatConsumer(LoopWebsocketConsumer):
             stop=stop,
             **_keyed(frame),
         )
-        await self._started(frame, exchange, subscribe)
+        await self._started(frame, await _made(editing, subscribe), subscribe)
 
     async def _started(self, frame: dict[str, Any], exchange: Exchange, subscribe: bool) -> None:
         """Answer a frame that started an answer with its ids, then stream it (unless
@@ -470,7 +478,7 @@ class ChatConsumer(LoopWebsocketConsumer):
         )
 
     async def on_continue(self, frame: dict[str, Any]) -> None:
-        exchange = await continue_message(self.user, self._message_id(frame))
+        exchange = await _made(continue_message(self.user, self._message_id(frame)), True)
         answer = exchange.assistant_message
         await self._subscribe(frame, str(answer.id), exchange.after, MessageState.of(answer))
 
@@ -523,7 +531,7 @@ class ChatConsumer(LoopWebsocketConsumer):
             )
         except BaseException:
             if subscription is not None:
-                await subscription.release()
+                await reader_left(subscription)
             raise
         if subscription is None:
             return
@@ -645,6 +653,14 @@ async def no_such_socket(scope: dict[str, Any], receive: Any, send: Any) -> None
     traceback in the log for every try."""
     if (await receive())["type"] == "websocket.connect":
         await send({"type": "websocket.close"})
+
+
+async def _made(making: Coroutine[Any, Any, Exchange], subscribe: bool) -> Exchange:
+    """The exchange a frame makes; one made for this socket to read (``subscribe``) is
+    left unread if the socket ends while it is made (``services.read_by_caller``)."""
+    if not subscribe:
+        return await making
+    return await read_by_caller(making, answer_made)
 
 
 def _keyed(frame: dict[str, Any]) -> dict[str, Any]:

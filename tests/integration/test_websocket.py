@@ -17,6 +17,7 @@ from tests.support.clients import (
     text_of,
     wait_for_status,
 )
+from tests.support.leaving import ended_answer, held_owner, seen_gone
 from tests.support.wsclient import ChatSocket
 
 pytestmark = pytest.mark.asyncio
@@ -238,3 +239,29 @@ async def test_a_socket_following_its_most_makes_no_answer_it_could_not_follow(d
     assert refused["code"] == "too_many_subscriptions", refused
     assert unfollowed[-1]["type"] == "message.created"
     assert [m["content"] for m in listed.json()["results"] if m["role"] == "user"] == ["three"]
+
+
+async def test_a_socket_gone_before_its_answer_exists_leaves_it_unread(daphne, account):
+    """A socket closed while its ``message.create`` is still being made (waiting on its
+    owner's row, which the test holds): the answer it subscribed to is abandoned, as when
+    a socket closes while it streams. Its stream was cancelled before it began, so no one
+    told the answer its reader had gone, and it ran to its end for nobody."""
+    server = daphne(STREAM_ABANDON_GRACE="0")
+    endless = {"simulation": {"length": 200, "tokens_per_second": 50, "ttft_ms": 0}}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        conversation = await create_conversation(api, account.token)
+        ws = await ChatSocket.connect(server.ws_url, account.token)
+        async with held_owner(account.user.pk) as held:
+            await ws.send(
+                {
+                    "type": "message.create",
+                    "conversation": conversation,
+                    "content": "never read",
+                    "params": endless,
+                }
+            )
+            await held.waited_on()
+            await ws.close()
+            await seen_gone(api)
+        answer = await ended_answer(api, account.token, conversation)
+        assert answer["status"] == "abandoned"
