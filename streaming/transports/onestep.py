@@ -192,6 +192,8 @@ class OneStepAnswers:
         user = await authenticate(scope)
         if not user.is_authenticated:  # revoked since: as a revocation ends a stream
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+            # Nobody may read it now: it is left as its caller leaving would leave it.
+            await services.left_unread(state.id)
             return
         await self._stream(state, user.pk, scope, held.after, send)
 

@@ -14,7 +14,7 @@ import pytest
 from tests.api.calls import assert_error, client, new_conversation, read_to_end
 from tests.emulator.server import wait_for_request_end
 from tests.support.clients import create_conversation
-from tests.support.leaving import ended_answer, held_owner, leave, seen_gone, send_request
+from tests.support.leaving import ended_status, held_owner, leave, seen_gone, send_request
 
 EMOJI_TEXT = "Family 👨‍👩‍👧‍👦, flag 🇯🇵, thumbs 👍🏽 – and 日本語 too."
 FAST = {"ttft_ms": 0, "tokens_per_second": 1000}
@@ -398,8 +398,7 @@ async def test_a_caller_gone_before_its_answer_exists_leaves_it_unread(daphne, a
             await held.waited_on()
             await leave(caller)
             await seen_gone(api)
-        answer = await ended_answer(api, account.token, conversation)
-        assert answer["status"] == "abandoned"
+        assert await ended_status(conversation) == "abandoned"
         again = await api.post(
             "/v1/chat/completions",
             json={**body, "stream": False, "simulation": FAST},

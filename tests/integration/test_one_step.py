@@ -4,11 +4,15 @@ through Django."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
+from asgiref.sync import sync_to_async
+from rest_framework.authtoken.models import Token
 
 from tests.observability.scrape import Scrape, scrape
 from tests.support.clients import (
@@ -20,7 +24,14 @@ from tests.support.clients import (
     text_of,
     wait_for_status,
 )
-from tests.support.leaving import ended_answer, held_owner, leave, seen_gone, send_request
+from tests.support.leaving import (
+    Caller,
+    ended_status,
+    held_owner,
+    leave,
+    seen_gone,
+    send_request,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -347,6 +358,27 @@ async def test_leaving_a_one_step_stream_abandons_the_answer(daphne, account) ->
         assert ended["status"] == "abandoned"
 
 
+ENDLESS = {"simulation": {"length": 200, "tokens_per_second": 50, "ttft_ms": 0}}
+
+
+@contextlib.asynccontextmanager
+async def posted_through_django(
+    server, api: httpx.AsyncClient, account, content: str
+) -> AsyncIterator[tuple[str, Caller]]:
+    """A one-step post through Django (a query string keeps it off the lean path) in a
+    new conversation, sent and waiting on its owner's row for the block: the
+    conversation's id and the caller's connection."""
+    conversation = await create_conversation(api, account.token)
+    url = f"/api/conversations/{conversation}/messages/?wait=false"
+    headers = {**STREAM, **auth(account.token)}
+    async with held_owner(account.user.pk) as held:
+        caller = await send_request(
+            server, "POST", url, headers, {"content": content, "params": ENDLESS}
+        )
+        await held.waited_on()
+        yield conversation, caller
+
+
 async def test_a_caller_gone_while_django_makes_its_answer_leaves_it_unread(
     daphne, account
 ) -> None:
@@ -356,18 +388,32 @@ async def test_a_caller_gone_while_django_makes_its_answer_leaves_it_unread(
     as when the caller leaves its stream. Django used to drop the response when the client
     left, and the answer it had made ran to its end for nobody."""
     server = daphne(STREAM_ABANDON_GRACE="0")
-    endless = {"simulation": {"length": 200, "tokens_per_second": 50, "ttft_ms": 0}}
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
-        conversation = await create_conversation(api, account.token)
-        # A query string: the post goes through Django, not the lean path.
-        url = f"/api/conversations/{conversation}/messages/?wait=false"
-        headers = {**STREAM, **auth(account.token)}
-        async with held_owner(account.user.pk) as held:
-            caller = await send_request(
-                server, "POST", url, headers, {"content": "never read", "params": endless}
-            )
-            await held.waited_on()
+        async with posted_through_django(server, api, account, "never read") as (
+            conversation,
+            caller,
+        ):
             await leave(caller)
             await seen_gone(api)
-        answer = await ended_answer(api, account.token, conversation)
-        assert answer["status"] == "abandoned"
+        assert await ended_status(conversation) == "abandoned"
+
+
+async def test_a_caller_whose_token_goes_while_django_makes_its_answer_leaves_it_unread(
+    daphne, account
+) -> None:
+    """A one-step post through Django whose token is deleted while the post is made: the
+    response ends without a stream (as a revocation ends one), and the answer, which
+    nobody may read now, is left unread and abandoned rather than run for nobody."""
+    server = daphne(STREAM_ABANDON_GRACE="0")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        async with posted_through_django(server, api, account, "revoked") as (
+            conversation,
+            caller,
+        ):
+            await sync_to_async(Token.objects.filter(key=account.token).delete)()
+            gone = await api.get("/api/conversations/", headers=auth(account.token))
+            assert gone.status_code == 401  # the server no longer takes the token
+        answered = await caller.chunked_response()
+        assert answered.startswith(b"HTTP/1.1 200"), answered
+        assert b"event: delta" not in answered
+        assert await ended_status(conversation) == "abandoned"

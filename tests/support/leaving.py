@@ -15,13 +15,14 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import psycopg
+from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 
-from tests.support.clients import auth
 from tests.support.servers import DaphneServer, database_url
 
 
@@ -63,16 +64,30 @@ async def held_owner(user_id: int) -> AsyncIterator[Held]:
         await watcher.close()
 
 
+@dataclass
+class Caller:
+    """A client's connection with its request sent (``send_request``)."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+    async def chunked_response(self) -> bytes:
+        """The whole response, read to the end of its chunked body."""
+        async with asyncio.timeout(30):
+            return await self.reader.readuntil(b"\r\n0\r\n\r\n")
+
+
 async def send_request(
     server: DaphneServer,
     method: str,
     path: str,
     headers: dict[str, str],
     body: dict[str, Any],
-) -> asyncio.StreamWriter:
+) -> Caller:
     """Send a whole HTTP request with a JSON ``body`` over a connection of its own, and
-    read nothing: the caller closes the connection (``leave``) to go away."""
-    _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    read nothing yet: the caller closes the connection (``leave``) to go away, or reads
+    its answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     data = json.dumps(body).encode()
     head = {
         "Host": f"127.0.0.1:{server.port}",
@@ -83,13 +98,13 @@ async def send_request(
     lines = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in head.items()), "", ""]
     writer.write("\r\n".join(lines).encode("latin-1") + data)
     await writer.drain()
-    return writer
+    return Caller(reader, writer)
 
 
-async def leave(writer: asyncio.StreamWriter) -> None:
+async def leave(caller: Caller) -> None:
     """Close the client's connection, as a caller giving up does."""
-    writer.close()
-    await writer.wait_closed()
+    caller.writer.close()
+    await caller.writer.wait_closed()
 
 
 async def seen_gone(api: httpx.AsyncClient) -> None:
@@ -102,18 +117,19 @@ async def seen_gone(api: httpx.AsyncClient) -> None:
     assert response.status_code == 200, response.text
 
 
-async def ended_answer(
-    api: httpx.AsyncClient, token: str, conversation: str, limit: float = 30.0
-) -> dict[str, Any]:
-    """The conversation's answer once it exists and has ended: a state of the database,
-    reached in the server, with no event of its own to await."""
+async def ended_status(conversation: str, limit: float = 30.0) -> str:
+    """The status of the conversation's answer once it exists and has ended, read from
+    the database (the caller's credentials may be gone): a state reached in the server,
+    with no event of its own to await."""
+    from streaming.models import Message
+
+    def status() -> str | None:
+        answers = Message.objects.filter(conversation_id=conversation, role="assistant")
+        return answers.values_list("status", flat=True).first()
+
     async with asyncio.timeout(limit):
         while True:
-            response = await api.get(
-                f"/api/conversations/{conversation}/messages/", headers=auth(token)
-            )
-            assert response.status_code == 200, response.text
-            answers = [m for m in response.json()["results"] if m["role"] == "assistant"]
-            if answers and answers[-1]["status"] != "streaming":
-                return answers[-1]
+            found = await sync_to_async(status)()
+            if found not in (None, "streaming"):
+                return str(found)
             await asyncio.sleep(0.05)
