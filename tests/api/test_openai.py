@@ -3,6 +3,7 @@ against a real Daphne process (simulated engine, or the vLLM emulator as the eng
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -13,8 +14,9 @@ import pytest
 
 from tests.api.calls import assert_error, client, new_conversation, read_to_end
 from tests.emulator.server import wait_for_request_end
-from tests.support.clients import create_conversation
+from tests.support.clients import auth, create_conversation
 from tests.support.leaving import ended_status, held_owner, leave, seen_gone, send_request
+from tests.support.wsclient import ChatSocket
 
 EMOJI_TEXT = "Family 👨‍👩‍👧‍👦, flag 🇯🇵, thumbs 👍🏽 – and 日本語 too."
 FAST = {"ttft_ms": 0, "tokens_per_second": 1000}
@@ -488,6 +490,46 @@ def test_an_empty_tool_result_reaches_the_engine(daphne, account, emulator):
         asked = record["body"]["messages"]
         assert [m["role"] for m in asked] == roles
         assert asked[2] == {"role": "tool", "content": "", "tool_call_id": "call_1"}
+
+
+async def test_a_call_with_history_is_titled_by_its_first_question(daphne, account, emulator):
+    """A call's earlier turns make a new conversation, which the engine titles by what it
+    was first asked, not by the last message, the one it answered: the title request
+    quotes the first user message (the emulator writes the title its directive says)."""
+    server = daphne(ENGINE_URL=emulator, ENGINE_MODEL="test-model")
+    tab = await ChatSocket.connect(server.ws_url, account.token)
+    await tab.send({"type": "subscribe", "topic": "user"})
+    await tab.recv_until("subscribed")
+    first = '[[emu {"text": "Rivers of Europe", "ttft_ms": 0}]] Which rivers cross Europe?'
+    last = '[[emu {"text": "The Danube is long.", "ttft_ms": 0}]] And the Danube?'
+    body = {
+        "model": "test-model",
+        "messages": [
+            {"role": "user", "content": first},
+            {"role": "assistant", "content": "The Rhine and the Danube, among others."},
+            {"role": "user", "content": last},
+        ],
+    }
+    headers = {"Authorization": f"Bearer {account.token}"}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        response = await api.post("/v1/chat/completions", json=body, headers=headers)
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["message"]["content"] == "The Danube is long."
+        conversation = response.headers["x-conversation-id"]
+        async with asyncio.timeout(30):
+            while True:
+                frame = await tab.recv()
+                if frame.get("event") == "conversation.updated" and frame["title"] != first:
+                    break
+        assert (frame["conversation"], frame["title"]) == (conversation, "Rivers of Europe")
+        record = await asyncio.to_thread(wait_for_request_end, emulator, f"title-{conversation}")
+        [asked] = record["body"]["messages"]
+        assert first in asked["content"] and last not in asked["content"]
+        assert "The Danube is long." in asked["content"], "with the answer it titles"
+        shown = await api.get(f"/api/conversations/{conversation}/", headers=auth(account.token))
+        stored = shown.json()
+        assert (stored["title"], stored["title_source"]) == ("Rivers of Europe", "model")
+    await tab.close()
 
 
 def test_an_answer_the_engine_refused_is_not_retried_by_the_sdk(daphne, account, emulator):
