@@ -17,8 +17,9 @@ import socket
 import sys
 import tomllib
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.test import override_settings
@@ -170,6 +171,18 @@ def test_a_websocket_is_not_read_while_its_frames_wait_for_the_application(pair)
 
 def hook_gauge(hook: str) -> float | None:
     return REGISTRY.get_sample_value("chat_server_hooks_available", {"hook": hook})
+
+
+def refused_install(install: Callable[[], bool], hook: str, caplog: Any) -> str:
+    """``install`` refused (False) and said so on the gauge; the warning's text. The
+    hook's warning and gauge are put back after, for the tests that follow."""
+    daphne._warned.discard(hook)
+    with caplog.at_level(logging.WARNING, logger="streaming.transports.daphne"):
+        assert not install()
+    assert hook_gauge(hook) == 0
+    daphne._warned.discard(hook)
+    daphne.metrics.SERVER_HOOKS.labels(hook=hook).set(1)
+    return str(caplog.text)
 
 
 class Channel:
@@ -579,14 +592,9 @@ def test_a_daphne_whose_error_page_changed_shape_keeps_it(monkeypatch, caplog) -
     def basic_error(self: object, status: int, body: str) -> None: ...
 
     monkeypatch.setattr(WebRequest, "basic_error", basic_error)
-    daphne._warned.discard(daphne.JSON_ERRORS)
-    with caplog.at_level(logging.WARNING, logger="streaming.transports.daphne"):
-        assert not daphne.install_json_errors()
+    said = refused_install(daphne.install_json_errors, daphne.JSON_ERRORS, caplog)
     assert WebRequest.basic_error is basic_error
-    assert "WebRequest.basic_error changed shape" in caplog.text
-    assert hook_gauge(daphne.JSON_ERRORS) == 0
-    daphne._warned.discard(daphne.JSON_ERRORS)
-    daphne.metrics.SERVER_HOOKS.labels(hook=daphne.JSON_ERRORS).set(1)
+    assert "WebRequest.basic_error changed shape" in said
 
 
 ABSOLUTE_TARGETS = [
@@ -801,11 +809,6 @@ def test_a_daphne_that_uses_more_of_its_queue_keeps_asyncios(monkeypatch, caplog
         "getsource",
         lambda m: source if m is ws_protocol else real_source(m),
     )
-    daphne._warned.discard(daphne.APPLICATION_QUEUES)
-    with caplog.at_level(logging.WARNING, logger="streaming.transports.daphne"):
-        assert not daphne.install_application_queues()
+    said = refused_install(daphne.install_application_queues, daphne.APPLICATION_QUEUES, caplog)
     assert server.asyncio is asyncio
-    assert "qsize" in caplog.text
-    assert hook_gauge(daphne.APPLICATION_QUEUES) == 0
-    daphne._warned.discard(daphne.APPLICATION_QUEUES)
-    daphne.metrics.SERVER_HOOKS.labels(hook=daphne.APPLICATION_QUEUES).set(1)
+    assert "qsize" in said
