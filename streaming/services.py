@@ -100,14 +100,21 @@ def _notify(user_id: int, *events: dict[str, Any]) -> None:
     transaction.on_commit(lambda: get_runtime().notify(user_id, batch))
 
 
+def created_fields(question: Message | None, answer: Message) -> dict[str, Any]:
+    """What says where an exchange went, the same in the feed's ``message.created`` and
+    in the reply to the WebSocket frame that made it: ``parent_id`` is the parent of the
+    first message made (the question's; the answer's, for a regenerated one), the place
+    another tab puts the new branch."""
+    return {
+        "conversation": str(answer.conversation_id),
+        "user_message_id": None if question is None else str(question.id),
+        "message_id": str(answer.id),
+        "parent_id": _id_or_none(answer.parent_id if question is None else question.parent_id),
+    }
+
+
 def _created(question: Message | None, answer: Message) -> dict[str, Any]:
-    return _event(
-        "message.created",
-        conversation=str(answer.conversation_id),
-        user_message_id=None if question is None else str(question.id),
-        message_id=str(answer.id),
-        parent_id=_id_or_none(answer.parent_id if question is None else question.parent_id),
-    )
+    return _event("message.created", **created_fields(question, answer))
 
 
 def _id_or_none(value: Any) -> str | None:

@@ -42,6 +42,7 @@ from streaming.services import (
     answer_made,
     cancel_message,
     continue_message,
+    created_fields,
     edit_message,
     post_message,
     read_by_caller,
@@ -431,13 +432,9 @@ class ChatConsumer(LoopWebsocketConsumer):
         the frame said ``"subscribe": false``)."""
         answer = exchange.assistant_message
         message_id = str(answer.id)
-        question = exchange.user_message
         reply: dict[str, Any] = {
             "type": "message.created",
-            "conversation": str(answer.conversation_id),
-            "user_message_id": str(question.id) if question else None,
-            "message_id": message_id,
-            "parent_id": str(answer.parent_id) if answer.parent_id else None,
+            **created_fields(exchange.user_message, answer),
             "siblings": exchange.siblings.get(message_id, [message_id]),
         }
         if exchange.generation is None:
@@ -466,9 +463,14 @@ class ChatConsumer(LoopWebsocketConsumer):
             return
         message_id = self._message_id(frame, looked_up=False)
         task = self.subscriptions.pop(message_id, None)
-        self.readers.pop(message_id, None)
+        reader = self.readers.pop(message_id, None)
         if task is not None:
             task.cancel()
+            await asyncio.wait([task])  # its end, whatever it was; not this frame's
+        if reader is not None:
+            # A stream cancelled before it ran never told its answer it had a reader, nor
+            # that the reader left: the answer streamed on for nobody.
+            await reader_left(reader)
         await self._reply(frame, {"type": "unsubscribed", "message_id": message_id})
 
     async def on_cancel(self, frame: dict[str, Any]) -> None:

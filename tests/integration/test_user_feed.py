@@ -87,6 +87,42 @@ async def test_another_tab_sees_the_message_and_follows_its_stream(
         await socket.close()
 
 
+async def test_the_reply_to_a_frame_places_its_answer_as_the_feed_does(daphne, account) -> None:
+    """The reply to the frame that made an exchange and the feed's ``message.created``
+    name the same place for it: ``parent_id`` is where its first new message went (the
+    question's parent; the answer's, for a regenerated one). The reply named the
+    answer's parent instead, the question it had just made."""
+    server = daphne()
+    watcher = await following(server.ws_url, account.token)
+    socket = await ChatSocket.connect(server.ws_url, account.token)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        conversation = await create_conversation(api, account.token)
+        first = (await socket.create(conversation, "one", QUICK))[-1]
+        await socket.events_until_done(first["message_id"])
+        second = (await socket.create(conversation, "two", QUICK))[-1]
+        await socket.events_until_done(second["message_id"])
+        await socket.send(
+            {"type": "message.edit", "message_id": second["user_message_id"], "content": "2"}
+        )
+        edited = (await socket.recv_until("message.created"))[-1]
+        await socket.events_until_done(edited["message_id"])
+        await socket.send({"type": "message.regenerate", "message_id": edited["message_id"]})
+        regenerated = (await socket.recv_until("message.created"))[-1]
+    seen = [await next_feed(watcher, "message.created") for _ in range(4)]
+    replies = [first, second, edited, regenerated]
+    assert [r["parent_id"] for r in replies] == [
+        None,
+        first["message_id"],
+        first["message_id"],
+        edited["user_message_id"],
+    ]
+    fields = ("conversation", "user_message_id", "message_id", "parent_id")
+    for reply, event in zip(replies, seen, strict=True):
+        assert {k: reply[k] for k in fields} == {k: event[k] for k in fields}
+    for each in (watcher, socket):
+        await each.close()
+
+
 async def test_regenerate_and_edit_frames_start_answers_beside_the_old(daphne, account) -> None:
     server = daphne()
     socket = await ChatSocket.connect(server.ws_url, account.token)
@@ -118,7 +154,8 @@ async def test_regenerate_and_edit_frames_start_answers_beside_the_old(daphne, a
             }
         )
         edited = (await socket.recv_until("message.created"))[-1]
-        assert edited["parent_id"] == edited["user_message_id"] != first["user_message_id"]
+        assert edited["user_message_id"] != first["user_message_id"]
+        assert edited["parent_id"] is None  # the first question's place: the root
         assert (await socket.events_until_done(edited["message_id"]))[-1]["status"] == "complete"
 
         await socket.send({"type": "message.regenerate", "message_id": first["user_message_id"]})

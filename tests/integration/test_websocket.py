@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 
 import httpx
 import pytest
 import websockets
 
+from tests.integration.test_slow_consumer import masked_text_frame
 from tests.support.clients import (
     auth,
     create_conversation,
@@ -239,6 +242,38 @@ async def test_a_socket_following_its_most_makes_no_answer_it_could_not_follow(d
     assert refused["code"] == "too_many_subscriptions", refused
     assert unfollowed[-1]["type"] == "message.created"
     assert [m["content"] for m in listed.json()["results"] if m["role"] == "user"] == ["three"]
+
+
+async def test_an_unsubscribe_before_the_stream_ran_leaves_the_answer(daphne, account):
+    """``subscribe`` and ``unsubscribe`` in one write: the second frame is handled before
+    the stream the first started has run, so that stream never counted its reader. The
+    answer, which no one else reads, is abandoned as when a reader comes and goes; it ran
+    to its end for nobody, as an answer that never had a reader does."""
+    server = daphne(STREAM_ABANDON_GRACE="0")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        conversation = await create_conversation(api, account.token)
+        answer = await post_message(
+            api, account.token, conversation, "never read",
+            simulation={"length": 3000, "tokens_per_second": 30, "ttft_ms": 0},
+        )  # fmt: skip
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        try:
+            sock.sendall(
+                b"GET /ws/chat/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                b"Sec-WebSocket-Version: 13\r\n"
+                + f"Authorization: Token {account.token}\r\n\r\n".encode()
+            )
+            assert sock.recv(4096).startswith(b"HTTP/1.1 101")
+            frames = [
+                {"type": "subscribe", "message_id": answer["id"], "after": 0},
+                {"type": "unsubscribe", "message_id": answer["id"]},
+            ]
+            sock.sendall(b"".join(masked_text_frame(json.dumps(f).encode()) for f in frames))
+            ended = await wait_for_status(api, account.token, answer["id"])
+        finally:
+            sock.close()
+    assert ended["status"] == "abandoned", ended
 
 
 async def test_a_socket_gone_before_its_answer_exists_leaves_it_unread(daphne, account):
