@@ -27,6 +27,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.text import smart_split
 from rest_framework.authtoken.admin import TokenAdmin
 from rest_framework.authtoken.models import TokenProxy
 
@@ -49,6 +50,10 @@ SEGMENT_COLUMNS = (
     ("error_message", "error"),
     ("worker", "worker"),
 )
+# The words a list's search may have. Django filters by every word of ``?q=`` (each word an
+# OR over the search fields, the words joined by AND), so the query grows with the words:
+# a few thousand took tens of seconds. More than anyone types into a search box.
+MAX_SEARCH_WORDS = 32
 
 
 def _excerpt(text: str, limit: int = 80) -> str:
@@ -116,13 +121,41 @@ class StopPermission:
 class StorableLookups:
     """A list's filters and search that PostgreSQL could not compare (NUL, an unpaired
     surrogate: ``?status__exact=%00`` was a 500) are refused as any bad lookup is: the
-    list comes back with its filters dropped and Django's "bad parameters" flag."""
+    list comes back with its filters dropped and Django's "bad parameters" flag.
+
+    A search of more than ``MAX_SEARCH_WORDS`` words is not run: the list is empty, its
+    search kept in the box to shorten, and the staff user told why. Words are counted as
+    Django's search splits them (``smart_split``: a quoted phrase is one word)."""
 
     def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
         for key, values in request.GET.lists():
             if not all(is_storable(text) for text in (key, *values)):
                 raise IncorrectLookupParameters(f"{key!r} holds a character text cannot")
-        return super().get_changelist_instance(request)  # type: ignore[misc]
+        changelist = super().get_changelist_instance(request)  # type: ignore[misc]
+        # Told here, once a list: the search itself is run again for each facet's count.
+        if words := self._refused_search(request, changelist.query):
+            self.message_user(  # type: ignore[attr-defined]
+                request,
+                f"Search takes at most {MAX_SEARCH_WORDS} words (a quoted phrase is one); "
+                f"this one has {words}.",
+                messages.ERROR,
+            )
+        return changelist
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        if self._refused_search(request, search_term):
+            return queryset.none(), False
+        return super().get_search_results(request, queryset, search_term)  # type: ignore[misc]
+
+    def _refused_search(self, request: HttpRequest, search_term: str) -> int:
+        """The words of ``search_term`` when there are more than a search takes, else 0
+        (also when the list has no search: Django ignores the term then)."""
+        if not self.get_search_fields(request):  # type: ignore[attr-defined]
+            return 0
+        words = sum(1 for _ in smart_split(search_term))
+        return words if words > MAX_SEARCH_WORDS else 0
 
 
 class MessagesGoWithTheirOwner:

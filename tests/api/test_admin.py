@@ -12,6 +12,7 @@ from django.conf import settings
 from django.test import Client
 from django.utils import timezone
 
+from streaming.admin import MAX_SEARCH_WORDS
 from streaming.models import Conversation, Message, Segment
 from tests.api.calls import client, new_conversation, started
 
@@ -152,6 +153,37 @@ def test_a_lookup_text_cannot_hold_is_a_bad_lookup_not_a_500(staff, account):
         assert page.status_code == 302, url
         assert page["Location"].endswith("?e=1"), url
         assert staff.get(page["Location"]).status_code == 200
+
+
+def test_a_search_of_too_many_words_is_refused_with_a_message(staff, account):
+    """Django filters by every word of a search: thousands of them took tens of seconds.
+    Past ``MAX_SEARCH_WORDS`` the list is empty and says why; words are counted as Django
+    splits them, so a quoted phrase is one."""
+    _conversation(account.user, "about cats", "complete", "Cats purr.")
+    _conversation(account.user, "in flight", "streaming", "Cats purr and")  # a row for each list
+    refused = f"Search takes at most {MAX_SEARCH_WORDS} words (a quoted phrase is one); "
+    too_many = " ".join(["purr"] * (MAX_SEARCH_WORDS + 1))
+    for url in (
+        "/admin/streaming/conversation/",
+        "/admin/streaming/message/",
+        "/admin/streaming/message/in-flight/",
+        "/admin/auth/user/",
+    ):
+        page = staff.get(url, {"q": too_many})
+        assert page.status_code == 200, url
+        text = page.content.decode()
+        assert f"{refused}this one has {MAX_SEARCH_WORDS + 1}." in text, url
+        assert "0 results" in text, url
+
+    conversations = "/admin/streaming/conversation/"
+    page = staff.get(conversations, {"q": too_many, "_facets": "1"}).content.decode()
+    assert "about cats" not in page
+    assert page.count(refused) == 1, "told once, though each facet's count searches again"
+    # As many words as a search takes, each a quoted phrase of two, still find it.
+    phrases = " ".join(['"cats purr"'] * MAX_SEARCH_WORDS)
+    found = staff.get(conversations, {"q": phrases}).content.decode()
+    assert "about cats" in found and refused not in found
+    assert "about cats" in staff.get(conversations, {"q": "cats purr"}).content.decode()
 
 
 def test_a_conversation_is_shown_as_a_tree_with_its_branch_marked(staff, account):
