@@ -61,7 +61,6 @@ import codecs
 import contextlib
 import json
 import logging
-import math
 import re
 import time
 import uuid
@@ -76,7 +75,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from streaming.engines.simulated import tokenize
+from streaming.engines.simulated import prompt_token_count, tokenize
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -462,9 +461,7 @@ class Emulator:
 
     def _plan(self, body: dict[str, Any], directive: Directive) -> _Plan:
         messages = body["messages"]
-        prompt_tokens = 3 + sum(
-            4 + math.ceil(len(_content_text(m.get("content"))) / 4) for m in messages
-        )
+        prompt_tokens = prompt_token_count(_content_text(m.get("content")) for m in messages)
         max_tokens = self._max_tokens(body, prompt_tokens)
         if directive.text is not None:
             tokens = tokenize(directive.text)

@@ -103,12 +103,33 @@ async def test_natural_end_reports_stop_and_usage() -> None:
     prompt = "x" * 41
     chunks = await collect(make_request(prompt, simulation={"text": "short answer"}))
     first, *body, last = chunks
-    # The first chunk says what the prompt cost (an answer that ends early records it).
-    assert first.usage is not None and first.usage.prompt_tokens == 10
+    # The first chunk says what the prompt cost (an answer that ends early records it):
+    # 11 tokens of text, 4 of the message's template and 3 of the cue to answer.
+    assert first.usage is not None and first.usage.prompt_tokens == 18
     assert all(chunk.finish_reason is None and chunk.usage is None for chunk in body)
     assert (last.finish_reason, last.stop_reason) == ("stop", None)
     assert last.usage is not None
-    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (10, len(chunks))
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (18, len(chunks))
+
+
+async def test_the_prompt_costs_more_the_more_it_says() -> None:
+    """A prompt is counted from its messages' text and what a chat template adds to each:
+    a longer one costs more, another message more again, and a short one is never free
+    (a prompt of "hi" was reported as 0 tokens)."""
+
+    async def cost(*turns: ChatTurn) -> int:
+        request = EngineRequest(
+            messages=list(turns), request_id="req-1", simulation={**FAST, "text": "ok"}
+        )
+        last = (await collect(request))[-1]
+        assert last.usage is not None
+        return last.usage.prompt_tokens
+
+    short = await cost(ChatTurn("user", "hi"))
+    longer = await cost(ChatTurn("user", "hi " * 100))
+    with_system = await cost(ChatTurn("system", "Be brief."), ChatTurn("user", "hi"))
+    assert 0 < short < longer
+    assert short < with_system
 
 
 async def test_max_tokens_cuts_with_length_on_the_last_token() -> None:
