@@ -476,7 +476,7 @@ def _create_exchange(
     asked: ChatTurn,
     default_model: str,
     key: IdempotencyKey | None,
-    after: uuid.UUID | None,
+    after: str | None,
 ) -> Created:
     """``raw_params`` were checked for ``model``'s engine (the default one for ""); they
     are checked again for the engine that answers (the conversation's model may be
@@ -506,7 +506,7 @@ def _create_exchange(
                 and (
                     _first_of_its_parent(made)  # an edit's question is not a post's
                     if after is None
-                    else made.parent_id == after
+                    else str(made.parent_id) == after
                 )
             )
             return _replayed(key, made, fits, model, clean_params(raw_params, model))
@@ -733,9 +733,12 @@ def create_exchange(
     return _exchange(_made_once(create, key))
 
 
-def _parent_id(value: Any, *, new: bool) -> uuid.UUID | None:
-    """A post's ``parent_id`` as an id (None: after the current leaf), checked for its
-    form; whether it names an answer of the conversation is known in the transaction."""
+def _parent_id(value: Any, *, new: bool) -> str | None:
+    """A post's ``parent_id`` (None: after the current leaf), checked for its form (some
+    UUID's) and kept as sent; whether it names an answer of the conversation is known in
+    the transaction. It is compared with the ids as the paths spell them (``streaming.ids``),
+    so another spelling of an answer's id names none: refused as an unknown id is, at the
+    same point (a 404, or a retry's key refused as sent with another request)."""
     if value is None:
         return None
     if new:
@@ -744,20 +747,21 @@ def _parent_id(value: Any, *, new: bool) -> uuid.UUID | None:
         )
     try:
         if isinstance(value, str):
-            return uuid.UUID(value)
+            uuid.UUID(value)
+            return value
     except ValueError:
         pass
     raise InvalidParams("must be the id of an answer of the conversation", field="parent_id")
 
 
-def _chosen_parent(history: History, parent_id: uuid.UUID) -> uuid.UUID:
-    """``parent_id`` when it is an answer of the conversation ``history`` holds."""
-    message = history.messages.get(str(parent_id))
+def _chosen_parent(history: History, parent_id: str) -> uuid.UUID:
+    """The id of the answer ``parent_id`` names in the conversation ``history`` holds."""
+    message = history.messages.get(parent_id)
     if message is None:
         raise NotFound("message not found in this conversation", field="parent_id")
     if message.role != Message.Role.ASSISTANT:
         raise WrongRole("a question goes after an answer (an assistant message)", field="parent_id")
-    return parent_id
+    return message.id
 
 
 def _made_once(create: Callable[[], Created], key: IdempotencyKey | None) -> Created:
@@ -1177,7 +1181,8 @@ async def stop_branch(user: Any, message_id: Any) -> None:
 def _show_branch(user: Any, conversation: Conversation, message_id: Any) -> list[str]:
     """Show and continue the branch through ``message_id`` (down its latest answers to a
     leaf); the fields to save (the caller saves them). ``NotFound`` for a message that is
-    not in ``conversation`` (locked by the caller)."""
+    not in ``conversation`` (locked by the caller), and for an id spelt otherwise than
+    its tree spells them (as the paths do: ``streaming.ids``), which is looked up as sent."""
     tree = tree_of(conversation.id)
     if message_id is None or message_id not in tree:
         raise NotFound("message not found in this conversation", field="current_leaf")

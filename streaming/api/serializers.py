@@ -42,12 +42,17 @@ class TextField(serializers.CharField):
 
 
 class UUIDText(serializers.UUIDField):
-    """An id as a string: DRF would also take a number (``123`` as the UUID of that int)."""
+    """An id as a string, kept as sent: DRF would also take a number (``123`` as the UUID
+    of that int), and would read other spellings of a UUID (uppercase, braces, no hyphens,
+    ``urn:uuid:``) as the id the paths spell in lowercase with hyphens. Such a spelling
+    names nothing, as it does in a path (``streaming.ids``): the service looks the id up
+    as sent, so it answers 404 as an unknown id; what is no UUID at all stays a 400."""
 
     def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, str):
             self.fail("invalid", value=data)
-        return super().to_internal_value(data)
+        super().to_internal_value(data)
+        return data
 
 
 class Flag(serializers.BooleanField):

@@ -316,14 +316,13 @@ def _post_message(request: Request, conversation_id: Any) -> Response:
     kind = PostMessageSerializer if conversation_id is None else ConversationPostSerializer
     body = kind(data=request.data)
     body.is_valid(raise_exception=True)
-    parent_id = body.validated_data.get("parent_id")
     exchange = services.create_exchange(
         request.user,
         conversation_id,
         body.validated_data["content"],
         body.validated_data.get("params"),
         model=body.validated_data.get("model", ""),
-        parent_id=None if parent_id is None else str(parent_id),
+        parent_id=body.validated_data.get("parent_id"),
         idempotency_key=_idempotency_key(request),
     )
     return _started(request, exchange, wait, with_question=True)

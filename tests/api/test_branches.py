@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.api.calls import assert_error, client, new_conversation
+from tests.badinput.test_ws_frames import respellings
 from tests.emulator.server import wait_for_request_end
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -207,6 +208,11 @@ def test_a_post_after_what_is_not_an_answer_of_the_conversation_is_refused(
         (turns[1]["user_message"]["id"], 400, "wrong_role", "parent_id"),
         (theirs, 404, "not_found", "parent_id"),
         ("00000000-0000-0000-0000-000000000000", 404, "not_found", "parent_id"),
+        # An answer's id spelt otherwise than the paths take it names none.
+        *(
+            (other, 404, "not_found", "parent_id")
+            for other in respellings(turns[0]["message"]["id"])
+        ),
     ]
     for parent, status, code, field in refusals:
         body = {"content": "x", "parent_id": parent}
@@ -239,6 +245,9 @@ def test_a_retried_post_after_an_answer_makes_one_question(three_turns) -> None:
     # The same key after another answer is another request.
     elsewhere = {**body, "parent_id": turns[1]["message"]["id"]}
     assert_error(api.post(url, json=elsewhere, headers=headers), 422)
+    # So is the same answer's id spelt otherwise, which names no answer.
+    for other in respellings(turns[0]["message"]["id"]):
+        assert_error(api.post(url, json={**body, "parent_id": other}, headers=headers), 422)
     assert len(branch(api, conversation, tree=True)) == 8
 
 
@@ -287,7 +296,8 @@ def test_switching_to_a_message_of_another_conversation_is_not_found(
 
 def test_a_refused_patch_changes_nothing(three_turns) -> None:
     """A branch switch and a field change in one PATCH are one change: when any part is
-    refused, none is made; an id that is not a string is a 400 naming it."""
+    refused, none is made; an id that is not a string is a 400 naming it, and a message's
+    id spelt otherwise than the paths take it names no message (a 404 naming it)."""
     api, conversation, turns, _ = three_turns
     url = f"/api/conversations/{conversation}/"
     # Two branches, the new one shown: the PATCHes below would switch to the old one.
@@ -304,6 +314,10 @@ def test_a_refused_patch_changes_nothing(three_turns) -> None:
     ):
         assert_error(api.patch(url, json=body), status, field=field)
         assert api.get(url).json() == before, body
+    for other in respellings(first):
+        refused = api.patch(url, json={"current_leaf": other, "title": "renamed"})
+        assert_error(refused, 404, "not_found", field="current_leaf")
+        assert api.get(url).json() == before, other
     switched = api.patch(url, json={"current_leaf": first, "title": "renamed"})
     assert switched.status_code == 200, switched.text
     assert (switched.json()["current_leaf"], switched.json()["title"]) == (first, "renamed")

@@ -171,7 +171,7 @@ async def test_unknown_and_foreign_messages_answer_not_found(daphne, account, ot
         assert untouched["status"] != "cancelled"
 
 
-def _respellings(value: str) -> list[str]:
+def respellings(value: str) -> list[str]:
     """Spellings of a UUID that Python's ``uuid.UUID`` reads and the REST paths do not."""
     return [value.upper(), value.replace("-", ""), "{" + value + "}", "urn:uuid:" + value]
 
@@ -185,21 +185,21 @@ async def test_ids_in_frames_take_the_paths_spelling_only(daphne, account):
             client, account.token, conversation, "mine", simulation={"length": 5}
         )
         await wait_for_status(client, account.token, message["id"])
-        for other in _respellings(message["id"]):
+        for other in respellings(message["id"]):
             path = f"/api/messages/{other}/"
             assert (await client.get(path, headers=auth(account.token))).status_code == 404
     frames = [
         {"type": kind, "message_id": other}
         for kind in ("subscribe", "cancel", "continue", "message.regenerate")
-        for other in _respellings(message["id"])
+        for other in respellings(message["id"])
     ]
     frames += [
         {"type": "message.edit", "message_id": other, "content": "x"}
-        for other in _respellings(message["parent_id"])
+        for other in respellings(message["parent_id"])
     ]
     frames += [
         {"type": "message.create", "conversation": other, "content": "x"}
-        for other in _respellings(conversation)
+        for other in respellings(conversation)
     ]
     async with connect(server, account.token) as ws:
         for frame in frames:
@@ -328,6 +328,11 @@ async def test_frame_fields_of_the_wrong_type_are_refused_naming_the_field(daphn
     refused += [
         ({**create, "parent_id": question}, "wrong_role", "parent_id"),
         ({**create, "parent_id": str(uuid.uuid4())}, "not_found", "parent_id"),
+        # The answer's id spelt otherwise than the paths take it names none.
+        *(
+            ({**create, "parent_id": other}, "not_found", "parent_id")
+            for other in respellings(answer)
+        ),
         (
             {"type": "message.create", "content": "hi", "parent_id": answer},
             "invalid_params",
