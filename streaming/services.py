@@ -436,13 +436,21 @@ def _first_of_its_parent(message: Message) -> bool:
 
 
 def _replayed(
-    key: IdempotencyKey, made: Message, fits: bool, model: str, params: dict[str, Any]
+    key: IdempotencyKey,
+    made: Message,
+    fits: bool,
+    model: str,
+    params_for: Callable[[str], dict[str, Any]],
 ) -> Created:
     """What the first request with ``key`` made (``made``, and its answer when ``made``
     is a question) as it is now, and no plan: a retry starts nothing, the answer it
     finds is the one to read. ``IdempotencyKeyReused`` when the retry does not ``fit``
     that request (another message, elsewhere, another kind of request) or would be
-    answered otherwise (``model`` and ``params``: the retry's, as they were checked)."""
+    answered otherwise: by another model than ``model``, the one the retry names, or
+    with other parameters than ``params_for`` gives (the retry's, checked for a model's
+    engine). A retry that names no model ("") fits the model its answer was made with:
+    the first request named none either (it was answered by the conversation's model
+    then, which may have changed since) or named that one."""
     answer: Message | None = made
     if made.role != Message.Role.ASSISTANT:
         answer = (
@@ -450,7 +458,10 @@ def _replayed(
             .order_by("created_at", "id")
             .first()
         )
-    if not fits or answer is None or answer.model != model or answer.params != params:
+    if fits and answer is not None:
+        model = model or answer.model
+        fits = answer.model == model and answer.params == params_for(model)
+    if not fits or answer is None:
         raise IdempotencyKeyReused(
             f"was sent with another request (message {made.id}); a retry repeats its "
             "request, and a new request takes a new key",
@@ -482,7 +493,7 @@ def _create_exchange(
     are checked again for the engine that answers (the conversation's model may be
     another engine's). ``after``: the answer the question goes after (None: the current
     leaf). With ``key``, a retry of a request that made its messages gets those
-    (``_replayed``) and no plan."""
+    (``_replayed``, for the ``model`` it names) and no plan."""
     events: list[dict[str, Any]] = []
     with statements.creating_transaction() as tx:
         # The owner's row is locked first (with the conversation's), for the limit's count;
@@ -490,8 +501,6 @@ def _create_exchange(
         reads = locked_for_post(user, conversation_id, key.stored if key is not None else None)
         if reads.conversation is not None:
             conversation = reads.conversation
-        # A new conversation has no model of its own yet.
-        model = model or (conversation.model if conversation_id else "") or default_model
         if key is not None and (made := reads.keyed) is not None:
             fits = (
                 made.role == asked.role
@@ -509,7 +518,9 @@ def _create_exchange(
                     else str(made.parent_id) == after
                 )
             )
-            return _replayed(key, made, fits, model, clean_params(raw_params, model))
+            return _replayed(key, made, fits, model, functools.partial(clean_params, raw_params))
+        # A new conversation has no model of its own yet.
+        model = model or (conversation.model if conversation_id else "") or default_model
         if conversation_id is None:
             # Stored with the answer's rows (``_start_answer``), in the same statement.
             conversation = Conversation(owner_id=user.pk)
@@ -962,7 +973,8 @@ def _create_regeneration(
         model, params = _regeneration_params(old, raw_params)
         if key is not None and (made := _earlier_request(key)) is not None:
             fits = made.role == Message.Role.ASSISTANT and made.parent_id == old.parent_id
-            return _replayed(key, made, fits, model, params)
+            # The old answer's model answers a regeneration, its first one's as well.
+            return _replayed(key, made, fits, model, lambda _model: params)
         _refuse_streaming_branch(old, "regenerate it")
         conversation = old.conversation
         _check_capacity(user)
@@ -1045,7 +1057,8 @@ def _create_edit(
 ) -> Created:
     with transaction.atomic():
         old = message_for(user, message_id, lock=True)
-        model, params = _edit_params(old, raw_params, model)
+        # ``model``: the one the edit names ("" none); ``answering``: the one that answers.
+        answering, params = _edit_params(old, raw_params, model)
         if key is not None and (made := _earlier_request(key)) is not None:
             fits = (
                 made.role == Message.Role.USER
@@ -1055,7 +1068,7 @@ def _create_edit(
                 and made.content == content
                 and not _first_of_its_parent(made)  # a post's question, not an edit's
             )
-            return _replayed(key, made, fits, model, params)
+            return _replayed(key, made, fits, model, functools.partial(clean_params, raw_params))
         _refuse_streaming_branch(old, "edit it")
         _check_capacity(user)
         conversation = old.conversation
@@ -1069,7 +1082,7 @@ def _create_edit(
             conversation,
             [*prompt, question],
             params,
-            model,
+            answering,
             None,
             new=(question,),
         )

@@ -248,6 +248,75 @@ def test_a_one_step_retry_streams_the_first_posts_answer_from_the_start(daphne, 
         assert messages_in(api, conversation) == 2
 
 
+async def test_a_retry_naming_no_model_is_answered_by_its_first_answers_model(
+    daphne, account, emulator
+) -> None:
+    """A post (or edit) that named no model was answered by the conversation's, here the
+    default engine's; sent again once the conversation's model has changed, it is still
+    that request: the first one's messages, on REST, the one-step stream and the
+    WebSocket alike. Naming the model that answer was made with fits too; naming
+    another is another request."""
+    # The simulated engine answers by default; the emulator serves "test-model".
+    server = daphne(ENGINE_MODELS=f'{{"test-model": "{emulator}"}}')
+    body = {"content": "hello", "params": {"max_tokens": 3}}  # taken by both engines
+    one_step = {"Accept": "text/event-stream"}
+    with client(server, account.token) as api:
+        plain, streamed, socket, edited = (new_conversation(api) for _ in range(4))
+        url = f"/api/conversations/{plain}/messages/"
+        first = api.post(url, json=body, headers={KEY: "plain"})
+        assert first.json()["message"]["model"] == "simulated", first.text
+        stream_url = f"/api/conversations/{streamed}/messages/"
+        with api.stream("POST", stream_url, json=body, headers={KEY: "one-step", **one_step}) as r:
+            assert r.status_code == 200
+            streamed_first, _ = _read(r, until="created")
+        question = api.post(f"/api/conversations/{edited}/messages/?wait=true", json=body)
+        edit = f"/api/messages/{ids(question)[1]}/edit/"
+        edit_first = api.post(edit, json=body, headers={KEY: "edit"})
+        assert edit_first.status_code == 201, edit_first.text
+    frame = {
+        "type": "message.create",
+        "conversation": socket,
+        **body,
+        "subscribe": False,
+        "idempotency_key": "ws",
+    }
+    async with connect(server, account.token) as ws:
+        await ws.send(json.dumps(frame))
+        socket_first = await next_reply(ws)
+        assert socket_first["type"] == "message.created", socket_first
+        with client(server, account.token) as api:
+            for conversation in (plain, streamed, socket, edited):
+                patched = api.patch(
+                    f"/api/conversations/{conversation}/", json={"model": "test-model"}
+                )
+                assert patched.status_code == 200, patched.text
+            for model in ({}, {"model": "simulated"}):
+                again = api.post(url, json={**body, **model}, headers={KEY: "plain"})
+                assert again.headers[REPLAYED] == "true" and ids(again) == ids(first), model
+            named = api.post(url, json={**body, "model": "test-model"}, headers={KEY: "plain"})
+            assert_error(named, 422, "idempotency_key_reused", KEY)
+            headers = {KEY: "one-step", **one_step}
+            with api.stream("POST", stream_url, json=body, headers=headers) as r:
+                assert r.status_code == 200 and r.headers[REPLAYED] == "true"
+                assert _read(r, until="created")[0] == streamed_first
+            edit_again = api.post(edit, json=body, headers={KEY: "edit"})
+            assert edit_again.headers[REPLAYED] == "true"
+            assert ids(edit_again) == ids(edit_first)
+        await ws.send(json.dumps(frame))
+        socket_again = await next_reply(ws)
+        assert socket_again["type"] == "message.created", socket_again
+        assert socket_again["replayed"] is True
+        assert socket_again["message_id"] == socket_first["message_id"]
+        assert socket_again["user_message_id"] == socket_first["user_message_id"]
+        await ws.send(json.dumps({**frame, "model": "test-model"}))
+        reused = await next_reply(ws)
+        assert (reused["code"], reused["field"]) == ("idempotency_key_reused", "idempotency_key")
+    with client(server, account.token) as api:
+        for conversation in (plain, streamed, socket):
+            assert messages_in(api, conversation) == 2, conversation
+        assert messages_in(api, edited) == 4
+
+
 def _read(response: httpx.Response, until: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
     """The ``created`` event's ids, and the events after it up to the first ``until``."""
     created: dict[str, str] = {}
