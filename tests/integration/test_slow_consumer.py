@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.clients import auth, create_conversation, post_message, read_sse, text_of
+from tests.support.rawsocket import masked_text_frame, upgraded
 
 pytestmark = pytest.mark.asyncio
 
@@ -131,35 +132,13 @@ async def test_an_unread_openai_stream_is_closed_with_an_error_not_a_clean_end(d
     assert not any(finishes), "nothing says the answer ended"
 
 
-def masked_text_frame(payload: bytes) -> bytes:
-    """A client's WebSocket text frame (clients mask every frame: RFC 6455 5.3)."""
-    mask = b"\x01\x02\x03\x04"
-    head = b"\x81"
-    size = len(payload)
-    if size < 126:
-        head += bytes([0x80 | size])
-    elif size < 65536:
-        head += bytes([0x80 | 126]) + size.to_bytes(2, "big")
-    else:
-        head += bytes([0x80 | 127]) + size.to_bytes(8, "big")
-    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-
-
 async def test_a_socket_that_reads_no_replies_is_not_read_further(daphne):
     """A WebSocket client without an account sends frames whose error replies are as
     large (an unknown type is quoted back) and reads none: once what waits for it is
     over the send buffer's limit, the server reads no more of it, and TCP holds the
     client's sends back. It sent as much as it liked before (hundreds of MB held)."""
     server = daphne(send_buffer=4096, STREAM_SEND_BUFFER_LIMIT="2048")
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", server.port))
-    sock.sendall(
-        b"GET /ws/chat/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-        b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-        b"Sec-WebSocket-Version: 13\r\n\r\n"
-    )
-    assert sock.recv(4096).startswith(b"HTTP/1.1 101")
+    sock = upgraded(server.port, receive_buffer=4096)
     frame = masked_text_frame(json.dumps({"type": "x" * 30_000}).encode())
     sock.setblocking(False)
     loop = asyncio.get_running_loop()

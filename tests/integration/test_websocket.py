@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import httpx
 import pytest
 import websockets
 
-from tests.integration.test_slow_consumer import masked_text_frame
 from tests.support.clients import (
     auth,
     create_conversation,
@@ -21,6 +19,7 @@ from tests.support.clients import (
     wait_for_status,
 )
 from tests.support.leaving import ended_status, held_owner, seen_gone
+from tests.support.rawsocket import masked_text_frame, upgraded
 from tests.support.wsclient import ChatSocket
 
 pytestmark = pytest.mark.asyncio
@@ -256,15 +255,8 @@ async def test_an_unsubscribe_before_the_stream_ran_leaves_the_answer(daphne, ac
             api, account.token, conversation, "never read",
             simulation={"length": 3000, "tokens_per_second": 30, "ttft_ms": 0},
         )  # fmt: skip
-        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock = upgraded(server.port, account.token)
         try:
-            sock.sendall(
-                b"GET /ws/chat/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                b"Sec-WebSocket-Version: 13\r\n"
-                + f"Authorization: Token {account.token}\r\n\r\n".encode()
-            )
-            assert sock.recv(4096).startswith(b"HTTP/1.1 101")
             frames = [
                 {"type": "subscribe", "message_id": answer["id"], "after": 0},
                 {"type": "unsubscribe", "message_id": answer["id"]},
