@@ -1007,12 +1007,18 @@ def regenerate(
     return _exchange(_made_once(create, key))
 
 
-def _edit_params(old: Message, raw_params: Any, model: str) -> tuple[str, dict[str, Any]]:
-    """The model and parameters of the answer to an edit of ``old``, or the refusal that
-    holds whatever streams. ``model`` was checked (``check_model``); by default the
-    conversation's answers."""
+def _check_editable(old: Message) -> None:
+    """The refusal of an edit of ``old`` that holds whatever streams and whatever was
+    sent before."""
     if old.role != Message.Role.USER:
         raise WrongRole("only a question (a user message) can be edited")
+
+
+def _edit_params(old: Message, raw_params: Any, model: str) -> tuple[str, dict[str, Any]]:
+    """The model and parameters of a new answer to an edit of ``old``. ``model`` was
+    checked (``check_model``); by default the conversation's answers. Not asked of a
+    retry: it is answered as its first request was (``_replayed``), whatever engine the
+    conversation's model is now."""
     model = model or old.conversation.model or get_runtime().engine.model
     return model, clean_params(raw_params, model)
 
@@ -1040,9 +1046,10 @@ def check_edit(
     (see ``check_regeneration``)."""
     _, model = _edit_request(content, raw_params, model)
     old = message_for(user, message_id)
-    _edit_params(old, raw_params, model)
+    _check_editable(old)
     if _is_retry(user, idempotency_key, idempotency_field):
         return False
+    _edit_params(old, raw_params, model)
     _refuse_streaming_path(path_messages(old.conversation_id, old.parent_id))
     return True
 
@@ -1057,8 +1064,7 @@ def _create_edit(
 ) -> Created:
     with transaction.atomic():
         old = message_for(user, message_id, lock=True)
-        # ``model``: the one the edit names ("" none); ``answering``: the one that answers.
-        answering, params = _edit_params(old, raw_params, model)
+        _check_editable(old)
         if key is not None and (made := _earlier_request(key)) is not None:
             fits = (
                 made.role == Message.Role.USER
@@ -1069,6 +1075,8 @@ def _create_edit(
                 and not _first_of_its_parent(made)  # a post's question, not an edit's
             )
             return _replayed(key, made, fits, model, functools.partial(clean_params, raw_params))
+        # ``model``: the one the edit names ("" none); ``answering``: the one that answers.
+        answering, params = _edit_params(old, raw_params, model)
         _refuse_streaming_branch(old, "edit it")
         _check_capacity(user)
         conversation = old.conversation

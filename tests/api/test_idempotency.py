@@ -317,6 +317,33 @@ async def test_a_retry_naming_no_model_is_answered_by_its_first_answers_model(
         assert messages_in(api, edited) == 4
 
 
+def test_an_edit_retry_is_replayed_once_its_model_would_refuse_its_params(
+    daphne, account, emulator
+) -> None:
+    """An edit answered by the simulated engine with ``simulation`` parameters, sent again
+    after the conversation's model became one whose engine refuses them: the retry is
+    the first request, answered then, so it gets its messages and not that refusal. A new
+    edit with those parameters is refused."""
+    server = daphne(ENGINE_MODELS=f'{{"test-model": "{emulator}"}}')
+    body = {"content": "hello again", "params": QUICK}
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        question = api.post(
+            f"/api/conversations/{conversation}/messages/?wait=true", json={"content": "hi"}
+        )
+        edit = f"/api/messages/{ids(question)[1]}/edit/?wait=true"
+        first = api.post(edit, json=body, headers={KEY: "edit"})
+        assert first.json()["message"]["model"] == "simulated", first.text
+        patched = api.patch(f"/api/conversations/{conversation}/", json={"model": "test-model"})
+        assert patched.status_code == 200, patched.text
+        again = api.post(edit, json=body, headers={KEY: "edit"})
+        assert again.headers.get(REPLAYED) == "true", again.text
+        assert ids(again) == ids(first)
+        refused = api.post(edit, json=body, headers={KEY: "another edit"})
+        assert_error(refused, 400, "invalid_params", "params.simulation")
+        assert messages_in(api, conversation) == 4
+
+
 def _read(response: httpx.Response, until: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
     """The ``created`` event's ids, and the events after it up to the first ``until``."""
     created: dict[str, str] = {}
