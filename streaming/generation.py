@@ -489,11 +489,16 @@ class Generation:
                 raise TimeoutError from None
             finally:
                 self._waiting_for_engine = False
+            # A chunk's own tokens always count; its usage, where it has one, is the
+            # engine's count up to it, which may have been taken before them (the usage
+            # an engine tells on its first output to say what the prompt cost): a floor,
+            # never a replacement, or an answer ended after one chunk counted none.
+            completion_tokens += chunk.tokens
             if chunk.usage is not None:
                 termination.prompt_tokens = chunk.usage.prompt_tokens
                 completion_tokens = max(completion_tokens, chunk.usage.completion_tokens)
-                termination.completion_tokens = completion_tokens
                 termination.reasoning_tokens = chunk.usage.reasoning_tokens
+            termination.completion_tokens = completion_tokens
             if chunk.tokens:
                 # The first reasoning token and the first answer token are timed apart:
                 # a reasoning model shows its thinking long before its answer.
@@ -507,9 +512,6 @@ class Generation:
                     ttft = time.monotonic() - self.started_at
                     termination.ttft_ms = ttft * 1000
                     metrics.ENGINE_TTFT.observe(ttft)
-                if chunk.usage is None:
-                    completion_tokens += chunk.tokens
-                    termination.completion_tokens = completion_tokens
             if chunk.reasoning:
                 thought = storable(chunk.reasoning)
                 self.outbox.add(events.reasoning(0, thought), urgent=not self.in_reasoning)

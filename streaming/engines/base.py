@@ -79,6 +79,9 @@ class EngineChunk:
     parser found them); a model that calls tools finishes with ``tool_calls``.
 
     ``tokens`` is how many model tokens this chunk carries (0 for bookkeeping chunks).
+    ``usage``, when set, is the engine's count so far, which may have been taken before
+    this chunk's own tokens (the prompt's cost told with the first output): the
+    generation counts ``tokens`` and takes ``usage.completion_tokens`` as a floor.
     ``finish_reason`` is set on the last chunk only; ``context_full`` on it says that the
     prompt and the answer fill the model's whole context (nothing more can follow).
     ``emitted_at`` is the engine's wall-clock stamp for the chunk (simulator in bench

@@ -81,9 +81,13 @@ def test_models_and_non_streaming_completion_is_persisted(daphne, account):
     cut = stopped.parse()
     assert (cut.choices[0].message.content, cut.choices[0].finish_reason) == ("Hello ", "stop")
     assert cut.usage.prompt_tokens == whole.usage.prompt_tokens > 0
+    # "Hello" and " there" were generated: the first token counts though the chunk
+    # carrying it also told the prompt's cost.
+    assert cut.usage.completion_tokens == 2
     with client(server, account.token) as api:
         record = api.get(f"/api/messages/{stopped.headers['x-message-id']}/").json()
         assert record["termination"]["prompt_tokens"] == whole.usage.prompt_tokens
+        assert record["termination"]["completion_tokens"] == 2
 
 
 def test_streaming_completion_chunks_emoji_usage_and_done(daphne, account):

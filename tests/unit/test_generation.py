@@ -305,6 +305,22 @@ async def test_a_stop_string_split_over_chunks_is_never_shown(answer: Answer) ->
     assert (await load_message(answer.message_id)).content == "Hello "
 
 
+async def test_an_answer_ended_on_its_first_chunk_counts_that_chunks_tokens(
+    answer: Answer,
+) -> None:
+    """The usage an engine tells with its first output (what the prompt cost, taken before
+    that output was counted) is a floor: the chunk's own tokens still count."""
+    run = await launch(
+        answer,
+        [chunk("Hello", usage=Usage(prompt_tokens=9)), chunk(" world"), chunk("never read")],
+        stop=["lo"],
+    )
+    done = (await finish(run))[-1]
+    assert (done["status"], done["stop_reason"]) == (Status.STOPPED, "lo")
+    assert (done["prompt_tokens"], done["completion_tokens"]) == (9, 1)
+    assert (await load_message(answer.message_id)).content == "Hel"
+
+
 async def test_a_held_back_prefix_that_is_no_stop_string_is_shown(answer: Answer) -> None:
     run = await launch(answer, [chunk("Hello E"), chunk("N"), chunk("x")], stop=["END"])
     logged = await finish(run)
