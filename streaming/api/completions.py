@@ -163,6 +163,10 @@ def _text(content: Any, where: str) -> str:
 
 
 def _joined(content: Any, where: str) -> str:
+    """A message's text: its string, or its text parts one to a line, as vLLM joins them
+    for a chat template that takes a message's content as a string (a text model's): a
+    caller's parts ("Translate to French:", "Good morning") are not run together into
+    one line the model would read otherwise."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -175,7 +179,7 @@ def _joined(content: Any, where: str) -> str:
             if not isinstance(part.get("text"), str):
                 raise InvalidParams("must be a string", field=f"{where}[{i}].text")
             parts.append(part["text"])
-        return "".join(parts)
+        return "\n".join(parts)
     raise InvalidParams("must be a string or a list of text parts", field=where)
 
 

@@ -496,6 +496,35 @@ def test_an_empty_tool_result_reaches_the_engine(daphne, account, emulator):
         assert asked[2] == {"role": "tool", "content": "", "tool_call_id": "call_1"}
 
 
+def test_text_parts_reach_the_engine_one_to_a_line(daphne, account, emulator):
+    """A message's text parts are joined as vLLM joins them for a text model's template,
+    one to a line: a caller's instruction and its text are not run together."""
+    server = daphne(ENGINE_URL=emulator, ENGINE_MODEL="test-model")
+    ai = sdk(server, account.token)
+    done = '[[emu {"text": "Bonjour", "ttft_ms": 0}]]'
+    raw = ai.chat.completions.with_raw_response.create(
+        model="test-model",
+        messages=[
+            {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Translate to French:"},
+                    {"type": "text", "text": f"Good morning {done}"},
+                ],
+            },
+        ],
+    )
+    record = wait_for_request_end(emulator, f"{raw.headers['x-message-id']}.0")
+    asked = [(m["role"], m["content"]) for m in record["body"]["messages"]]
+    question = f"Translate to French:\nGood morning {done}"
+    assert asked == [("system", "Be brief."), ("user", question)]
+    with client(server, account.token) as api:
+        conversation = raw.headers["x-conversation-id"]
+        stored = api.get(f"/api/conversations/{conversation}/messages/").json()["results"]
+        assert stored[1]["content"] == question
+
+
 async def test_a_call_with_history_is_titled_by_its_first_question(daphne, account, emulator):
     """A call's earlier turns make a new conversation, which the engine titles by what it
     was first asked, not by the last message, the one it answered: the title request
