@@ -49,6 +49,9 @@ class ServiceError(Exception):
     code = "invalid"
     # Seconds a client should wait before trying again (a ``Retry-After``), or None.
     retry_after: int | None = None
+    # The same request would be refused the same way however long a client waited: what
+    # a retry policy cannot tell from the status of a refusal it retries (a 409).
+    lasting = False
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
@@ -72,6 +75,7 @@ class ContextFull(Conflict):
     """The answer already fills the model's context: nothing can be added to it."""
 
     code = "context_full"
+    lasting = True
 
 
 class ConversationFull(Conflict):
@@ -79,6 +83,7 @@ class ConversationFull(Conflict):
     ``MAX_CONVERSATION_CHARS``): nothing more is made in it."""
 
     code = "conversation_full"
+    lasting = True
 
 
 class IdempotencyKeyReused(ServiceError):

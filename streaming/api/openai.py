@@ -147,8 +147,12 @@ class OpenAIConsumer(TaskedHttpConsumer):
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         """``exc`` in OpenAI's error shape (its fields as ``request`` spelled them), with
-        the headers it calls for (``Retry-After``) after ``headers``."""
+        the headers it calls for (``Retry-After``) after ``headers``. A refusal that would
+        be made again says so (``x-should-retry: false``): the OpenAI SDKs retry a 409
+        twice by default, each time reading the conversation for nothing."""
         own = [(k.lower().encode(), v.encode()) for k, v in headers_of(exc).items()]
+        if exc.lasting:
+            own.append((b"x-should-retry", b"false"))
         await self.reply(exc.status, service_error_document(exc, request), [*(headers or []), *own])
 
     async def error(

@@ -595,3 +595,43 @@ def test_an_answer_the_engine_refused_is_not_retried_by_the_sdk(daphne, account,
         )
     assert failed.status_code == 502
     assert "x-should-retry" not in failed.headers
+
+
+def test_a_full_conversation_is_not_retried_by_the_sdk(daphne, account):
+    """The SDK retries a 409 twice by default; a full conversation stays full, so the
+    refusal says not to (each retry would read the whole conversation for nothing), where
+    a conflict that passes (an answer still streaming) is left to the client's policy."""
+    server = daphne(MAX_CONVERSATION_MESSAGES=3)
+    sent: list[str] = []
+    http = openai.DefaultHttpxClient(event_hooks={"request": [lambda r: sent.append(r.url.path)]})
+    ai = openai.OpenAI(
+        base_url=f"{server.url}/v1", api_key=account.token, timeout=30, http_client=http
+    )
+    asked = {
+        "model": "simulated",
+        "messages": [{"role": "user", "content": "one"}],
+        "extra_body": {"simulation": {"text": "ok", **FAST}},
+    }
+    raw = ai.chat.completions.with_raw_response.create(**asked)
+    conversation = {"X-Conversation-Id": raw.headers["x-conversation-id"]}
+    ai.chat.completions.create(**asked, extra_headers=conversation)  # 4 messages: full
+    with pytest.raises(openai.ConflictError) as raised:
+        ai.chat.completions.create(**asked, extra_headers=conversation)
+    assert raised.value.code == "conversation_full"
+    assert raised.value.response.headers["x-should-retry"] == "false"
+    assert sent == ["/v1/chat/completions"] * 3, "the refusal was not retried"
+
+    with client(server, account.token) as api:
+        streaming = new_conversation(api)
+        body = {
+            "model": "simulated",
+            "stream": True,
+            "messages": [{"role": "user", "content": "a long one"}],
+            "simulation": {"length": 2000, "tokens_per_second": 20, "ttft_ms": 0},
+        }
+        headers = {"Authorization": f"Bearer {account.token}", "X-Conversation-Id": streaming}
+        with api.stream("POST", "/v1/chat/completions", json=body, headers=headers) as answer:
+            assert answer.status_code == 200
+            busy = api.post("/v1/chat/completions", json={**body, "stream": False}, headers=headers)
+            assert (busy.status_code, busy.json()["error"]["code"]) == (409, "conflict")
+            assert "x-should-retry" not in busy.headers
