@@ -376,12 +376,14 @@ class ChatConsumer(LoopWebsocketConsumer):
     async def on_ping(self, frame: dict[str, Any]) -> None:
         await self._reply(frame, {"type": "pong"})
 
-    def _room_to_follow(self, subscribe: bool) -> None:
-        """Refuse a subscription (``subscribe``) past ``WS_MAX_SUBSCRIPTIONS``. A frame that
-        starts an answer asks this before anything is made: the answer was made, then its
-        subscription refused, and it streamed to nobody until abandoned."""
+    def _room_to_follow(self, subscribe: bool, message_id: str | None = None) -> None:
+        """Refuse a subscription (``subscribe``) past ``WS_MAX_SUBSCRIPTIONS``; one to
+        ``message_id``, which this socket already follows, replaces that one and needs no
+        room. A frame that starts an answer (or a Continue's segment) asks this before
+        anything is made: the answer was made, then its subscription refused, and it
+        streamed to nobody while the client was told its frame had failed."""
         most = streaming_settings.WS_MAX_SUBSCRIPTIONS
-        if subscribe and len(self.subscriptions) >= most:
+        if subscribe and message_id not in self.subscriptions and len(self.subscriptions) >= most:
             raise FrameError("too_many_subscriptions", f"at most {most} at once")
 
     async def on_create(self, frame: dict[str, Any]) -> None:
@@ -480,7 +482,9 @@ class ChatConsumer(LoopWebsocketConsumer):
         )
 
     async def on_continue(self, frame: dict[str, Any]) -> None:
-        exchange = await _made(continue_message(self.user, self._message_id(frame)), True)
+        message_id = self._message_id(frame)
+        self._room_to_follow(True, message_id)
+        exchange = await _made(continue_message(self.user, message_id), True)
         answer = exchange.assistant_message
         await self._subscribe(frame, str(answer.id), exchange.after, MessageState.of(answer))
 

@@ -243,6 +243,35 @@ async def test_a_socket_following_its_most_makes_no_answer_it_could_not_follow(d
     assert [m["content"] for m in listed.json()["results"] if m["role"] == "user"] == ["three"]
 
 
+async def test_a_socket_following_its_most_continues_no_answer_it_could_not_follow(daphne, account):
+    """At ``STREAM_WS_MAX_SUBSCRIPTIONS``, a ``continue`` (which follows the new segment)
+    is refused before anything is made, as a ``message.create`` is: the segment was
+    started, then its subscription refused, and it streamed to nobody while the client
+    was told its frame had failed."""
+    server = daphne(STREAM_WS_MAX_SUBSCRIPTIONS="1")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        other = await create_conversation(client, account.token)
+        cut = await client.post(
+            f"/api/conversations/{other}/messages/?wait=true",
+            json={"content": "cut", "params": {"max_tokens": 2, "simulation": {"ttft_ms": 0}}},
+            headers=auth(account.token),
+        )
+        assert cut.json()["message"]["status"] == "truncated", cut.text
+        answer = cut.json()["message"]["id"]
+        ws = await ChatSocket.connect(server.ws_url, account.token)
+        try:
+            slow = {"simulation": {"length": 400, "tokens_per_second": 20, "ttft_ms": 0}}
+            await ws.create(conversation, "one", slow)
+            await ws.send({"type": "continue", "message_id": answer, "ref": "c"})
+            refused = (await ws.recv_until("error"))[-1]
+        finally:
+            await ws.close()
+        stored = (await client.get(f"/api/messages/{answer}/", headers=auth(account.token))).json()
+    assert refused["code"] == "too_many_subscriptions" and refused["ref"] == "c", refused
+    assert stored["status"] == "truncated" and len(stored["segments"]) == 1, stored
+
+
 async def test_an_unsubscribe_before_the_stream_ran_leaves_the_answer(daphne, account):
     """``subscribe`` and ``unsubscribe`` in one write: the second frame is handled before
     the stream the first started has run, so that stream never counted its reader. The
