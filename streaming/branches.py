@@ -105,9 +105,3 @@ class History:
 
     def children(self, parent_id: Any) -> list[str]:
         return self.tree.children_of(parent_id)
-
-
-def path_messages(conversation_id: Any, message_id: Any) -> list[Message]:
-    """The messages from the conversation's first down to ``message_id``: the prompt of
-    an answer to ``message_id``, nothing from other branches."""
-    return History.of(conversation_id).path(message_id)

@@ -23,7 +23,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Count, QuerySet
 
 from streaming import database, statements
-from streaming.branches import History, path_messages, sibling_ids, tree_of
+from streaming.branches import History, sibling_ids, tree_of
 from streaming.conf import streaming_settings
 from streaming.engines.base import ChatTurn, EngineRequest
 from streaming.errors import (
@@ -961,8 +961,18 @@ def check_regeneration(
     _regeneration_params(old, raw_params)
     if _is_retry(user, idempotency_key, idempotency_field):
         return False
-    _refuse_streaming_path(path_messages(old.conversation_id, old.parent_id))
+    _refuse_beside(old)
     return True
+
+
+def _refuse_beside(old: Message) -> None:
+    """Refuse now what refuses a new version beside ``old`` (a regenerated answer, an
+    edited question) whatever streams below it, for a caller about to stop that branch:
+    a full conversation (stopping makes no room), and an answer streaming above ``old``
+    (stopping the branch would not end it)."""
+    history = History.of(old.conversation_id)
+    _refuse_full(history)
+    _refuse_streaming_path(history.path(old.parent_id))
 
 
 def _create_regeneration(
@@ -1050,7 +1060,7 @@ def check_edit(
     if _is_retry(user, idempotency_key, idempotency_field):
         return False
     _edit_params(old, raw_params, model)
-    _refuse_streaming_path(path_messages(old.conversation_id, old.parent_id))
+    _refuse_beside(old)
     return True
 
 

@@ -124,6 +124,24 @@ def test_a_full_conversation_takes_nothing_more(daphne, account):
         assert post(api, new_conversation(api), "fresh", wait=True, text="ok").status_code == 201
 
 
+def test_a_stop_first_in_a_full_conversation_stops_nothing(daphne, account):
+    """A regenerate or an edit that says ``"stop": true`` in a full conversation is
+    refused as it would be without it, and the answer streaming in its branch goes on:
+    a request refused for anything but what streams stops nothing."""
+    server = daphne(MAX_CONVERSATION_MESSAGES=2)
+    with client(server, account.token) as api:
+        conversation = new_conversation(api)
+        made = post(api, conversation, "one", **SLOW).json()
+        question, answer = made["user_message"]["id"], made["message"]["id"]
+
+        regenerated = api.post(f"/api/messages/{answer}/regenerate/", json={"stop": True})
+        assert_error(regenerated, 409, "conversation_full")
+        edited = api.post(f"/api/messages/{question}/edit/", json={"content": "1", "stop": True})
+        assert_error(edited, 409, "conversation_full")
+        assert api.get(f"/api/messages/{answer}/").json()["status"] == "streaming"
+        api.post(f"/api/messages/{answer}/cancel/")
+
+
 def _unsafe_calls(api: httpx.Client) -> list[tuple[str, str]]:
     conversation = new_conversation(api)
     message = post(api, conversation, "hi", wait=True, text="ok").json()["message"]["id"]
