@@ -956,7 +956,9 @@ def check_regeneration(
     that stops the branch first (``"stop": true``) must not end an answer for a request
     refused after. Whether to stop the branch: not for a retry of a request that made its
     answer (its key), which makes nothing now, so it stops nothing and is not refused for
-    what streams since (it is answered the first request's answer, or refused the key)."""
+    what streams since (it is answered the first request's answer, or refused the key).
+    A draining process refuses it first, as it refuses the request (``ShuttingDown``)."""
+    _accepting()
     old = message_for(user, message_id)
     _regeneration_params(old, raw_params)
     if _is_retry(user, idempotency_key, idempotency_field):
@@ -1054,6 +1056,7 @@ def check_edit(
 ) -> bool:
     """Refuse now what ``edit`` would refuse whatever streams; whether to stop the branch
     (see ``check_regeneration``)."""
+    _accepting()
     _, model = _edit_request(content, raw_params, model)
     old = message_for(user, message_id)
     _check_editable(old)

@@ -271,3 +271,41 @@ async def test_a_non_streaming_v1_answer_cut_by_a_shutdown_is_a_503_to_retry(dap
     assert answered.status_code == 503, answered.text
     assert answered.json()["error"]["code"] == "shutting_down"
     assert int(answered.headers["retry-after"]) > 0
+
+
+async def test_a_stop_first_sent_to_a_draining_process_stops_nothing(daphne, account):
+    """A regenerate or an edit that says ``"stop": true``, sent to a process draining
+    after SIGTERM, is a 503 to retry elsewhere and stops nothing: the answer it would
+    have stopped goes on to its end within the drain, as it would without the request
+    (which a retry, served by another process, then stops)."""
+    import signal
+
+    server = daphne(STREAM_SHUTDOWN_DEADLINE="30")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        answer = await post_message(
+            client, account.token, conversation, "hi",
+            simulation={"length": 150, "tokens_per_second": 30, "ttft_ms": 0},
+        )  # fmt: skip
+        reading = asyncio.create_task(read_sse(client, account.token, answer["id"]))
+        server.signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            while True:  # until the process says it drains
+                if "process" in (await client.get("/readyz")).json()["checks"]:
+                    break
+                await asyncio.sleep(0.05)
+        regenerated = await client.post(
+            f"/api/messages/{answer['id']}/regenerate/",
+            json={"stop": True},
+            headers=auth(account.token),
+        )
+        edited = await client.post(
+            f"/api/messages/{answer['parent_id']}/edit/",
+            json={"content": "again", "stop": True},
+            headers=auth(account.token),
+        )
+        events = [e.data for e in (await reading).events]
+    for refused in (regenerated, edited):
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "shutting_down"
+    assert events[-1]["type"] == "done" and events[-1]["status"] == "complete", events[-1]
