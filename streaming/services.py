@@ -1253,11 +1253,14 @@ def _segment_count(message_id: Any) -> int:
     return Segment.objects.filter(message_id=message_id).count()
 
 
-async def cancel_message(user: Any, message_id: Any, *, wait: float = 5.0) -> Message:
-    """Stop a streaming message wherever it is generated; answer with its final state.
+async def cancel_message(user: Any, message_id: Any, *, wait: float | None = None) -> Message:
+    """Stop a streaming message wherever it is generated; answer with its final state,
+    once its end came within ``wait`` seconds (``STOP_WAIT`` by default, as for every
+    Stop), else ``StopUnconfirmed``.
 
     ``Conflict`` when a Continue started a new segment of it meanwhile: that segment was
     not what the caller saw streaming, so it is not stopped behind their back."""
+    wait = streaming_settings.STOP_WAIT if wait is None else wait
     message = await database.run(message_for, user, message_id)
     if message.role != Message.Role.ASSISTANT:
         raise WrongRole("only an answer (an assistant message) can be stopped")

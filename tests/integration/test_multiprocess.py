@@ -229,6 +229,9 @@ async def test_a_stop_no_process_confirms_is_said_not_answered_as_done(two_proce
         )
         assert again.status_code == 503, again.text
         assert again.json()["error"]["code"] == "stop_unconfirmed"
+        # Each waited ``STREAM_STOP_WAIT`` for the Stop's confirmation, and says so.
+        for refused in (stopped, again):
+            assert "within 1 s" in refused.json()["error"]["message"], refused.text
 
 
 async def test_an_answer_read_only_by_a_process_that_died_is_abandoned(two_processes, account):
