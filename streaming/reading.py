@@ -23,7 +23,7 @@ from streaming import database, events, metrics
 from streaming.conf import streaming_settings
 from streaming.errors import InvalidCursor
 from streaming.hub import Hub
-from streaming.models import Message
+from streaming.models import Message, Segment
 from streaming.presence import Presence
 from streaming.streamlog import StreamLog, deleted_done
 from streaming.termination import FINAL_STATUSES, Status
@@ -508,21 +508,26 @@ def _persisted(message_id: str) -> tuple[Any, ...] | None:
 
 
 async def wait_until_ended(
-    hub: Hub, message_id: str, limit: float | None, finished: asyncio.Event | None = None
+    hub: Hub,
+    message_id: str,
+    limit: float | None,
+    finished: asyncio.Event | None = None,
+    segment: int | None = None,
 ) -> None:
     """Return when the message's current segment has ended, or after ``limit`` seconds.
+    ``segment``: when that segment has ended (a later one's start says so too): a Stop's
+    caller waits for the end of what it stopped, not of a Continue started meanwhile.
 
-    ``finished``: the local generation's event, when it runs in this process; otherwise
-    the message's log is followed until its ``done`` (the generating process may be
-    remote)."""
+    ``finished``: the local generation's event, when it runs in this process (of
+    ``segment``); otherwise the message's log is followed until its next ``done`` (the
+    generating process may be remote), which is ``segment``'s while the record shows
+    that segment the latest."""
     if finished is not None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(finished.wait(), limit)
         return
-    last, status = await database.run(
-        lambda: Message.objects.values_list("last_seq", "status").get(id=message_id)
-    )
-    if status != Status.STREAMING:
+    last, status, latest = await database.run(_position, message_id, segment is not None)
+    if status != Status.STREAMING or (segment is not None and latest > segment):
         return
     try:
         async with asyncio.timeout(limit):
@@ -531,3 +536,14 @@ async def wait_until_ended(
                     return
     except TimeoutError:
         return
+
+
+def _position(message_id: str, of_segments: bool) -> tuple[int, str, int]:
+    """The message's last seq, its status and (``of_segments``) its latest segment's
+    index (else -1)."""
+    last, status = Message.objects.values_list("last_seq", "status").get(id=message_id)
+    latest = -1
+    if of_segments:
+        indexes = Segment.objects.filter(message_id=message_id).values_list("index", flat=True)
+        latest = max(indexes, default=-1)
+    return last, status, latest

@@ -58,13 +58,20 @@ class Generations:
         if self.running.get(generation.message_id) is generation:
             del self.running[generation.message_id]
 
-    async def cancel(self, message_id: str, reason: str) -> None:
-        """End a generation wherever it runs (this process or another)."""
+    async def cancel(self, message_id: str, reason: str, segment: int | None = None) -> None:
+        """End a generation wherever it runs (this process or another). ``segment``: only
+        while it generates that segment of the message, the one its caller saw streaming;
+        a later one, a Continue's started meanwhile, is not stopped behind their back.
+        None: whichever segment it generates. A local generation of another segment (one
+        ending here) does not keep the cancel from the process that may generate it."""
         generation = self.running.get(message_id)
-        if generation is not None:
+        if generation is not None and _generates(generation, segment):
             generation.cancel(reason)
-        else:
-            await self.control.send(message_id, {"type": CANCEL, "reason": reason})
+            return
+        message: dict[str, Any] = {"type": CANCEL, "reason": reason}
+        if segment is not None:
+            message["segment"] = segment
+        await self.control.send(message_id, message)
 
     # --- presence's listener -------------------------------------------------------------
     def generating(self, message_id: str) -> bool:
@@ -85,8 +92,14 @@ class Generations:
             return
         kind = message.get("type")
         if kind == CANCEL:
-            generation.cancel(message.get("reason", "cancelled"))
+            if _generates(generation, message.get("segment")):
+                generation.cancel(message.get("reason", "cancelled"))
         elif kind == READERS:
             # Only a process with readers of it sends this: it is followed from there.
             generation.followed_elsewhere()
             await generation.recount_readers()
+
+
+def _generates(generation: Generation, segment: Any) -> bool:
+    """Whether ``generation`` is of ``segment`` (None: of any)."""
+    return segment is None or generation.plan.segment_index == segment

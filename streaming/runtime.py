@@ -158,9 +158,6 @@ class Runtime:
         except Exception as exc:
             log.warning("control message not sent: %s", exc)
 
-    async def cancel(self, message_id: str, reason: str) -> None:
-        await self.generations.cancel(message_id, reason)
-
     def subscription(
         self,
         state: MessageState,
@@ -170,10 +167,19 @@ class Runtime:
     ) -> Subscription:
         return Subscription(self.hub, self.log, self.presence, state, after, transport, send_buffer)
 
-    async def wait_until_ended(self, message_id: str, limit: float | None = None) -> None:
+    async def wait_until_ended(
+        self, message_id: str, limit: float | None = None, segment: int | None = None
+    ) -> None:
+        """``reading.wait_until_ended``, on the local generation when it runs here (and is
+        of ``segment``), else on the log."""
         generation = self.generations.get(message_id)
+        if generation is not None and segment not in (None, generation.plan.segment_index):
+            generation = None  # another segment's: the log tells when ``segment`` ended
         finished = generation.finished if generation is not None else None
-        await wait_until_ended(self.hub, message_id, limit, finished)
+        await wait_until_ended(self.hub, message_id, limit, finished, segment)
+
+    async def cancel(self, message_id: str, reason: str, segment: int | None = None) -> None:
+        await self.generations.cancel(message_id, reason, segment)
 
     async def close(self) -> None:
         """Release the backends' connections (a command that used the runtime once)."""

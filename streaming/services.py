@@ -14,7 +14,7 @@ import logging
 import threading
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -1206,7 +1206,7 @@ async def stop_branch(user: Any, message_id: Any) -> None:
     running = await database.run(_streaming_below, user, message_id)
     if not running:
         return
-    await stop_answers(list(running))
+    await stop_answers(list(running), segments=running)
     after = await database.run(_streaming_below, user, message_id)
     if any(running.get(answer) == segments for answer, segments in after.items()):
         raise _unconfirmed(streaming_settings.STOP_WAIT)
@@ -1267,7 +1267,7 @@ async def cancel_message(user: Any, message_id: Any, *, wait: float | None = Non
     if message.status != Status.STREAMING:
         return message
     segments = await database.run(_segment_count, message.id)
-    await stop_answers([str(message.id)], wait=wait)
+    await stop_answers([str(message.id)], wait=wait, segments={str(message.id): segments})
     after = await database.run(message_for, user, message_id)
     if after.status != Status.STREAMING:
         return after
@@ -1370,18 +1370,34 @@ def answer_made(exchange: Exchange) -> str:
 
 
 async def stop_answers(
-    message_ids: list[str], *, reason: str = Status.CANCELLED.value, wait: float | None = None
+    message_ids: list[str],
+    *,
+    reason: str = Status.CANCELLED.value,
+    wait: float | None = None,
+    segments: Mapping[str, int] | None = None,
 ) -> None:
     """End each message's generation wherever it runs; wait up to ``wait`` seconds
     (``STOP_WAIT`` by default) for their ends. For callers that checked who may stop them
-    (the owner through ``message_for``, an operator through the admin's permission)."""
+    (the owner through ``message_for``, an operator through the admin's permission).
+    ``segments``: how many segments each message had when its caller saw it streaming;
+    only the last of those is stopped and waited for, so a Continue's segment started
+    meanwhile is not stopped behind the caller's back (a message not in it: whichever
+    segment streams)."""
     runtime = get_runtime()
     limit = streaming_settings.STOP_WAIT if wait is None else wait
-    for message_id in message_ids:
-        await runtime.cancel(message_id, reason)
+    stopping = {m: _last_index(segments, m) for m in message_ids}
+    for message_id, segment in stopping.items():
+        await runtime.cancel(message_id, reason, segment)
     if limit > 0 and message_ids:
         # Each wait returns by itself after ``limit``: no timeout of its own is needed here.
-        await asyncio.gather(*(runtime.wait_until_ended(m, limit) for m in message_ids))
+        await asyncio.gather(
+            *(runtime.wait_until_ended(m, limit, segment) for m, segment in stopping.items())
+        )
+
+
+def _last_index(segments: Mapping[str, int] | None, message_id: str) -> int | None:
+    counted = None if segments is None else segments.get(message_id)
+    return None if counted is None else counted - 1
 
 
 def delete_conversation(user: Any, conversation_id: Any) -> None:

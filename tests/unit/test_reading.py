@@ -34,7 +34,7 @@ from streaming.registry import Generations
 from streaming.streamlog import deleted_done
 from streaming.streamlog.memory import MemoryStreamLog
 from streaming.termination import Status
-from tests.unit.scripted import create_answer
+from tests.unit.scripted import add_segment, create_answer
 
 HANG = 10.0
 TRANSPORT = "sse"
@@ -484,6 +484,26 @@ async def test_waiting_for_a_message_that_already_ended_returns_at_once() -> Non
     )
     # No log, no limit: only the record can end this wait.
     await asyncio.wait_for(wait_until_ended(Hub(MemoryStreamLog()), answer.message_id, None), HANG)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_waiting_for_a_segment_a_continue_followed_returns_at_once() -> None:
+    """The segment a Stop's caller saw streaming ended, and a Continue streams the next:
+    the record says so, and the wait is for the stopped segment, not the new one."""
+    answer = await create_answer("tests:reading:elsewhere", last_seq=4)
+    await add_segment(answer.message_id, 1, 5, "tests:reading:elsewhere")
+    hub = Hub(MemoryStreamLog())  # nothing will come: only the record can end the wait
+    await asyncio.wait_for(wait_until_ended(hub, answer.message_id, None, segment=0), HANG)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_waiting_for_the_latest_segment_follows_the_log_to_its_done(
+    streaming_answer: str,
+) -> None:
+    log = MemoryStreamLog()
+    waiting = asyncio.create_task(wait_until_ended(Hub(log), streaming_answer, None, segment=0))
+    await log.append(streaming_answer, [events.done(5, segment=0, termination=ENDED)])
+    await asyncio.wait_for(waiting, HANG)
 
 
 # --- a log that does not reach back to the reader ---------------------------------------------

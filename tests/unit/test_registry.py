@@ -31,6 +31,7 @@ from tests.unit.scripted import (
     Received,
     ScriptedEngine,
     Wire,
+    add_segment,
     chunk,
     create_answer,
     load_message,
@@ -175,6 +176,33 @@ async def test_a_cancel_sent_by_another_process_ends_the_generation_here(wire: W
     assert await ended(generation) == Status.CANCELLED
 
 
+@pytest.mark.django_db(transaction=True)
+async def test_a_cancel_of_another_segment_does_not_stop_the_one_running_here(
+    wire: Wire,
+) -> None:
+    """A Stop of the segment its caller saw streaming, which ended as a Continue started
+    the next one here, leaves that one running; it still goes to every process, one of
+    which may generate the segment it names. A cancel of the segment running stops it."""
+    here = process(wire.control())
+    received = Received()
+    await wire.listen(received)
+    answer = await create_answer(WORKER)
+    await add_segment(answer.message_id, 1, 1, WORKER)
+    gate = Gate()
+    engine = ScriptedEngine([chunk("a"), gate, chunk("b")])
+    generation = here.generations.launch(
+        plan_for(answer, segment_index=1), here.backends_for(engine)
+    )
+    await asyncio.wait_for(gate.reached.wait(), HANG)
+    await here.generations.cancel(answer.message_id, Status.CANCELLED.value, segment=0)
+    assert generation.cancel_reason is None
+    assert await received.about(here.generations.control, answer.message_id) == [
+        {"type": CANCEL, "reason": Status.CANCELLED.value, "segment": 0, "mid": answer.message_id}
+    ]
+    await here.generations.cancel(answer.message_id, Status.CANCELLED.value, segment=1)
+    assert await ended(generation) == Status.CANCELLED
+
+
 # --- control's handler -----------------------------------------------------------------------
 @pytest.mark.django_db(transaction=True)
 async def test_control_messages_for_other_generations_are_ignored() -> None:
@@ -184,6 +212,10 @@ async def test_control_messages_for_other_generations_are_ignored() -> None:
     on_control = here.generations.on_control
     await on_control({"type": CANCEL, "mid": str(uuid.uuid4()), "reason": "cancelled"})
     await on_control({"type": CANCEL, "reason": "cancelled"})
+    # A cancel of another segment of the message: one a Continue starts after this one.
+    await on_control(
+        {"type": CANCEL, "mid": answer.message_id, "reason": "cancelled", "segment": 1}
+    )
     await on_control({"type": READERS, "mid": str(uuid.uuid4())})
     await on_control({"type": "generation.unknown", "mid": answer.message_id})
     here.generations.readers_changed(str(uuid.uuid4()), 0)
