@@ -107,6 +107,28 @@ def test_the_action_bar_copies_the_answer_as_markdown_and_shows_its_time(open_ch
     chat.screenshot("action-bar")
 
 
+def test_copy_pressed_twice_comes_back_to_copy(open_chat):
+    """A second press while a button says "Copied" says it again, then both Copy buttons
+    (the answer's and a code block's) read "Copy" again, as after one press."""
+    chat = open_chat()
+    chat.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    answer = chat.ask(
+        "copy twice", text="Some code:\n\n```python\nx = 1\n```\n", tokens_per_second=400
+    )
+    expect(answer).to_have_attribute("data-status", "complete")
+    answer.hover()
+    copy_answer = answer.get_by_role("toolbar", name="Answer actions").locator(".copy-message")
+    copy_code = answer.locator(".code-block .copy")
+    for button in (copy_answer, copy_code):
+        button.click()
+        expect(button).to_have_text("Copied")
+        button.click()
+        expect(button).to_have_text("Copied")
+    for button in (copy_answer, copy_code):
+        expect(button).to_have_text("Copy")
+    assert chat.page.evaluate("navigator.clipboard.readText()") == "x = 1"
+
+
 def test_simulation_settings_are_for_the_next_message_only(open_chat):
     chat = open_chat()
     first = chat.ask("scripted", text="Scripted.", tokens_per_second=400)

@@ -239,18 +239,30 @@ async function copyText(text) {
   area.remove();
 }
 
+// The buttons saying "Copied" (or "Copy failed") now: their own label, and the timer that
+// puts it back. A second press while one says so restarts the timer and keeps the label
+// from before the first: read from the button then, it would be "Copied", for good.
+const feedback = new WeakMap();
+
 /** Copy `text`, saying so on `button` for a moment. */
 export async function copyWithFeedback(button, text) {
-  const label = button.textContent;
+  const shown = feedback.get(button);
+  const label = shown ? shown.label : button.textContent;
+  let said;
   try {
     await copyText(text);
-    button.textContent = "Copied";
+    said = "Copied";
   } catch {
-    button.textContent = "Copy failed";
+    said = "Copy failed";
   }
-  setTimeout(() => {
+  const pending = feedback.get(button);
+  if (pending) clearTimeout(pending.timer);
+  button.textContent = said;
+  const timer = setTimeout(() => {
+    feedback.delete(button);
     button.textContent = label;
   }, 1500);
+  feedback.set(button, { label, timer });
 }
 
 /**
