@@ -42,6 +42,34 @@ def test_markup_in_model_output_is_shown_as_text_and_never_runs(open_chat):
     assert chat.errors == []
 
 
+# A page written out without a code fence: an HTML block, shown as the characters it is made
+# of, its lines and their indentation too.
+HTML_BLOCK = (
+    "Here is the page:\n\n"
+    '<div class="card">\n  <h1>Title</h1>\n  <p onclick="window.pwned=1">Body</p>\n</div>\n\n'
+    "Done."
+)
+
+
+def test_an_html_block_is_shown_as_written_line_by_line(open_chat):
+    chat = open_chat()
+    page = chat.page
+    answer = chat.ask("write a page", text=HTML_BLOCK, tokens_per_second=400)
+    expect(answer).to_have_attribute("data-status", "complete")
+    content = chat.content(answer)
+    expect(content.locator("div.card, h1, [onclick]")).to_have_count(0)
+    block = content.locator("p", has_text="Title")
+    assert block.inner_text() == (
+        '<div class="card">\n  <h1>Title</h1>\n  <p onclick="window.pwned=1">Body</p>\n</div>'
+    )
+    assert content.inner_text() == HTML_BLOCK == chat.server_message(answer)["content"]
+    page.reload()
+    chat.wait_ready()
+    assert chat.content(page.locator("article.assistant").last).inner_text() == HTML_BLOCK
+    assert page.evaluate("window.pwned") is None
+    assert chat.errors == []
+
+
 # Each line tries another way in; none may run, load anything or become a live element.
 HOSTILE_MARKDOWN = "\n\n".join(
     [

@@ -120,9 +120,11 @@ function codeBlock({ text, lang, raw }) {
 let linkDepth = 0;
 
 const renderer = {
-  // Markup written by the model is text: shown as the characters it is made of.
+  // Markup written by the model is text: shown as the characters it is made of. A block of
+  // it (a page written out without a fence) keeps its lines and their indentation, as
+  // written: as a paragraph's text, its line breaks would read as spaces.
   html({ text, block }) {
-    return block ? `<p>${escapeHtml(text)}</p>` : escapeHtml(text);
+    return block ? `<p class="plain">${escapeHtml(text.replace(/\n+$/, ""))}</p>` : escapeHtml(text);
   },
   link(token) {
     const url = safeUrl(token.href);
