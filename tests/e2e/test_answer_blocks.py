@@ -4,6 +4,7 @@ block above the answer (simulated engine with its ``reasoning`` parameter)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from playwright.sync_api import expect
@@ -44,6 +45,36 @@ def test_thinking_streams_above_the_answer_then_folds_away(open_chat):
     again = chat.page.locator("article.message.assistant").last
     expect(again.locator("details.thinking summary")).to_contain_text("Thought for")
     assert again.locator(".thinking-text").text_content() == THOUGHT
+    assert chat.errors == []
+
+
+def test_a_reload_after_the_thinking_does_not_time_its_replay(open_chat):
+    """Reloaded while the answer streams, the thinking comes again from the log in one
+    burst: it says "Thought" (not a duration measured from that burst) until the answer's
+    record says how long it was."""
+    chat = open_chat()
+    page = chat.page
+    text = " ".join(f"word{i}" for i in range(300))
+    answer = chat.ask(
+        "think, then talk", reasoning=THOUGHT, text=text, tokens_per_second=15, ttft_ms=0
+    )
+    expect(chat.content(answer)).to_contain_text("word2 ")
+    page.reload()
+    chat.wait_ready()
+    answer = page.locator("article.message.assistant").last
+    expect(chat.content(answer)).to_contain_text("word4 ")
+    summary = answer.locator("details.thinking summary")
+    expect(summary).to_have_text("Thought")
+    assert answer.get_attribute("data-status") == "streaming"
+    assert answer.locator(".thinking-text").text_content() == THOUGHT
+    page.get_by_role("button", name="Stop").click()
+    expect(answer).to_have_attribute("data-status", "cancelled")
+    record = chat.server_message(answer)["termination"]
+    took = (record["ttft_ms"] - record["reasoning_ttft_ms"]) / 1000
+    # The record's figure, as the page rounds it (to a tenth of a second under 10 s).
+    expect(summary).to_have_text(re.compile(r"Thought for \d+(\.\d)? s"))
+    shown = float(summary.inner_text().removeprefix("Thought for ").removesuffix(" s"))
+    assert abs(shown - took) <= (0.05 if took < 10 else 0.5) + 1e-9, (shown, took)
     assert chat.errors == []
 
 

@@ -332,9 +332,12 @@ async function openConversation(id, { asked = null, keep = null } = {}) {
     } else if (message.status === "streaming") {
       // Replay the whole log: the persisted content may lag behind the stream. Its stored
       // seq covers the segments before a Continue: their ends are not this stream's end.
-      const bubble = assistantBubble({ ...message, content: "", reasoning: "", tool_calls: [] });
-      node = bubble.node;
+      // Its events come at once up to where it is: its thinking is timed only when this tab
+      // asked for it just now (a regenerate, an edit), else said by its record at the end.
       const startedAt = asked && asked.id === message.id ? asked.at : null;
+      const replay = { ...message, content: "", reasoning: "", tool_calls: [] };
+      const bubble = assistantBubble(replay, { timed: startedAt !== null });
+      node = bubble.node;
       follow(bubble, id, { settled: message.last_seq, startedAt });
     } else {
       node = assistantBubble(message).node;
@@ -366,8 +369,8 @@ function showEmpty() {
   );
 }
 
-function assistantBubble(message) {
-  return new AssistantBubble(message, config, { continue: continueAnswer, rendered });
+function assistantBubble(message, options) {
+  return new AssistantBubble(message, config, { continue: continueAnswer, rendered }, options);
 }
 
 function showTtft(ms) {

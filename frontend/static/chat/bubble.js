@@ -63,16 +63,18 @@ const CONNECTION_WORDS = {
 
 /**
  * An assistant answer. It owns the answer's text as received: the stream appends to it,
- * a Continue appends to the same bubble, and the markdown view renders it.
+ * a Continue appends to the same bubble, and the markdown view renders it. `timed`
+ * (`ThinkingBlock`): its events arrive as they are made, so how long it thought is
+ * measured here; false for an answer found streaming, whose events up to now are replayed.
  */
 export class AssistantBubble {
-  constructor(message, config, actions) {
+  constructor(message, config, actions, { timed = true } = {}) {
     this.id = message.id;
     this.config = config;
     this.actions = actions;
     this.text = message.content || "";
     this.status = message.status;
-    this.thinking = new ThinkingBlock(message.reasoning, message.termination);
+    this.thinking = new ThinkingBlock(message.reasoning, message.termination, { timed });
     this.content = el("div", { class: "content", dir: "auto" });
     this.tools = new ToolCallsBlock(message.tool_calls);
     this.markdown = new MarkdownView(this.content);

@@ -21,8 +21,16 @@ function thoughtFor(termination) {
 }
 
 export class ThinkingBlock {
-  constructor(reasoning, termination) {
+  /**
+   * `timed`: the reasoning arrives as the model makes it, so the time from its first piece
+   * to the answer is how long the model thought. Not so for an answer followed from the
+   * start of its log (a reload, another tab), whose reasoning so far comes in one burst:
+   * measured, it would read "Thought for 0.0 s"; it says "Thought" until the answer's
+   * record gives the server's figure.
+   */
+  constructor(reasoning, termination, { timed = true } = {}) {
     this.text = reasoning || "";
+    this.timed = timed;
     this.thinkingSince = null;
     this.label = el("span", { class: "thinking-label" }, thoughtFor(termination));
     this.body = el("div", { class: "thinking-text", dir: "auto" }, this.text);
@@ -58,7 +66,8 @@ export class ThinkingBlock {
     this.thinkingSince = null;
     const cut = termination && termination.ended_in_reasoning;
     this.node.dataset.state = cut ? "cut" : "done";
-    this.label.textContent = cut ? `Thinking for ${seconds(took)} (cut off)` : `Thought for ${seconds(took)}`;
+    if (!this.timed) this.label.textContent = thoughtFor(termination);
+    else this.label.textContent = cut ? `Thinking for ${seconds(took)} (cut off)` : `Thought for ${seconds(took)}`;
     if (!cut) this.node.open = false;
   }
 
