@@ -150,6 +150,26 @@ def test_a_message_goes_after_the_answer_shown_here(open_chat) -> None:
     assert chat.errors == []
 
 
+def test_simulation_settings_sent_with_an_edit_are_for_it_only(open_chat) -> None:
+    """The simulation settings script the next message only, an edited question too: once
+    the edit is sent they are cleared, and the message after is not scripted by them."""
+    chat = open_chat()
+    page = chat.page
+    finished(chat.ask("Tell me about rivers", **QUICK))
+    chat.simulate(text="Edited and scripted.", ttft_ms=0, tokens_per_second=400)
+    edit_last_question(page, "Tell me about lakes")
+    answers = page.locator("article.message.assistant")
+    expect(chat.content(answers.last)).to_have_text("Edited and scripted.")
+    expect(page.get_by_label("Simulation (JSON, for the next message only)")).to_have_value("")
+    box = page.get_by_label("Message", exact=True)
+    box.fill("and then")
+    box.press("Enter")
+    expect(answers).to_have_count(2)
+    finished(answers.last)
+    assert "simulation" not in chat.server_message(answers.last)["params"]
+    assert chat.errors == []
+
+
 def test_regenerate_and_edit_while_an_answer_streams_stop_it_and_go_on(open_chat) -> None:
     chat = open_chat()
     page = chat.page

@@ -508,9 +508,12 @@ const branchActions = {
     leaving(messageId);
     return changeBranch(() => messages.regenerate(messageId));
   },
-  edit: (messageId, content) => {
+  edit: async (messageId, content) => {
     leaving(messageId);
-    return changeBranch(() => messages.edit(messageId, content, generationParams()));
+    const edited = await changeBranch(() => messages.edit(messageId, content, generationParams()));
+    // The simulation settings are for one message, an edited one too: never the next ones.
+    if (edited) simulationInput.value = "";
+    return edited;
   },
   switchTo: (messageId, from) => {
     const shown = messageNode(from);
