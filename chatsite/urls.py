@@ -3,15 +3,15 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from streaming import health, pages
-from streaming.api.views import SchemaView
+from streaming.api import docs
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("api/schema/", SchemaView.as_view(), name="schema"),
-    path("api/docs/", pages.api_docs, name="docs"),
-    path("api/redoc/", pages.api_redoc, name="redoc"),
+    path("api/schema/", docs.schema, name="schema"),
+    path("api/docs/", docs.swagger, name="docs"),
+    path("api/redoc/", docs.redoc, name="redoc"),
     path("api/", include("streaming.urls")),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),

@@ -1,5 +1,5 @@
-"""The server-rendered pages: the chat page (the one view of the browser app) and the API
-docs (Swagger UI and ReDoc, from drf-spectacular-sidecar's static files).
+"""The server-rendered page: the chat page, the one view of the browser app (the API docs'
+pages are the API's, ``streaming.api.docs``).
 
 Everything else the chat page does goes through the REST API and the stream transports.
 The page sets the CSRF cookie (the scripts read it for unsafe requests) and hands the
@@ -9,16 +9,12 @@ scripts the few server settings that change what they show, so the UI never gues
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
-from functools import wraps
-from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie
-from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
 
 from streaming import selectors
 from streaming.conf import streaming_settings
@@ -67,38 +63,4 @@ CHAT_PAGE_POLICY = "; ".join(
         "form-action 'self'",
         "frame-ancestors 'none'",
     ]
-)
-
-
-# Everything from this server, nothing from anywhere else: inline scripts and styles are
-# the docs pages' own, ``blob:`` is ReDoc's search worker.
-OWN_ORIGIN_ONLY = "; ".join(
-    [
-        "default-src 'self'",
-        "script-src 'self' 'unsafe-inline' blob:",
-        "worker-src 'self' blob:",
-        "style-src 'self' 'unsafe-inline'",
-        "img-src 'self' data:",
-        "font-src 'self' data:",
-    ]
-)
-
-
-def own_origin_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """The view's page may load nothing from outside the server (Content-Security-Policy):
-    ReDoc's bundle shows a logo from a CDN, which the browser then never asks for."""
-
-    @wraps(view)
-    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        response = view(request, *args, **kwargs)
-        response["Content-Security-Policy"] = OWN_ORIGIN_ONLY
-        return response
-
-    return wrapped
-
-
-api_docs = own_origin_only(SpectacularSwaggerView.as_view(url_name="schema"))
-# drf-spectacular's ReDoc page without its Google Fonts link.
-api_redoc = own_origin_only(
-    SpectacularRedocView.as_view(url_name="schema", template_name="api/redoc.html")
 )

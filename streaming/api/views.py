@@ -16,7 +16,6 @@ from typing import Any, TypeVar, cast
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from drf_spectacular.views import SpectacularAPIView
 from rest_framework import generics, serializers, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.negotiation import DefaultContentNegotiation
@@ -137,18 +136,6 @@ class JSONView(APIView):
                 field = sorted(data)[0] if isinstance(data, dict) else "body"
                 message = "takes no body" if field == "body" else params.unknown_field(field)
                 raise ValidationError({field: [message]})
-
-
-class SchemaView(SpectacularAPIView):
-    """The OpenAPI document, in the format asked for (YAML by default, JSON with
-    ``?format=json``); its errors (a format it does not have, a POST) in the API's JSON
-    shape, as every answer under ``/api/`` is, not rendered as the document would be."""
-
-    def handle_exception(self, exc: Exception) -> Response:
-        response = super().handle_exception(exc)
-        self.request.accepted_renderer = JSONRenderer()
-        self.request.accepted_media_type = JSONRenderer.media_type
-        return response
 
 
 SEARCH = OpenApiParameter("search", str, description="only conversations whose title has it")

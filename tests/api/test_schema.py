@@ -61,6 +61,27 @@ def test_schema_describes_every_endpoint_and_docs_are_served(db):
     assert b"/api/schema/" in docs.content
 
 
+def test_the_docs_pages_answer_all_but_their_page_in_json(db):
+    # Pages of their own, yet under /api/: a format or type they do not have, a method
+    # they do not take and OPTIONS answer the API's JSON (Swagger UI's OPTIONS was a 500).
+    for url in ("/api/docs/", "/api/redoc/", "/api/schema/"):
+        for refused, status in (
+            (Client().get(f"{url}?format=xml"), 404),
+            (Client().put(url), 405),
+            (Client().get(url, HTTP_ACCEPT="application/xml"), 406),
+        ):
+            assert refused.status_code == status, (url, status)
+            assert refused["Content-Type"].startswith("application/json"), (url, status)
+            assert refused.json()["error"]["status"] == status
+        described = Client().options(url)
+        assert described.status_code == 200, url
+        assert described["Content-Type"].startswith("application/json"), url
+        assert "GET" in described["Allow"]
+    page = Client().get("/api/redoc/")
+    assert page.status_code == 200
+    assert page["Content-Type"].startswith("text/html")
+
+
 def test_schemathesis_finds_no_server_error(daphne, account, tmp_path):
     # Small answers keep ?wait=true calls short, and a simulated stall ends within the
     # request timeout; the concurrency limit still applies.
