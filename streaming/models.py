@@ -31,6 +31,10 @@ class ConversationOwner(models.ForeignKey):
         return super().pre_save(model_instance, add)
 
 
+# The longest title a conversation has.
+TITLE_CHARS = 200
+
+
 class Conversation(models.Model):
     class TitleSource(models.TextChoices):
         NONE = "", "None yet"
@@ -47,7 +51,7 @@ class Conversation(models.Model):
         related_name="conversations",
         db_index=False,
     )
-    title = models.CharField(max_length=200, blank=True, default="")
+    title = models.CharField(max_length=TITLE_CHARS, blank=True, default="")
     # Who wrote the title: a placeholder (none, the question's line) may be replaced by the
     # engine's title; the person's is never replaced (streaming.titling).
     title_source = models.CharField(

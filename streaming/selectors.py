@@ -18,7 +18,7 @@ from streaming.branches import Tree, tree_of
 from streaming.engines.base import ModelInfo
 from streaming.errors import NotFound
 from streaming.feed import Listener
-from streaming.models import Conversation, Message
+from streaming.models import TITLE_CHARS, Conversation, Message
 from streaming.reading import MessageState, SendBuffer, Subscription
 from streaming.runtime import get_runtime
 from streaming.termination import Status
@@ -75,10 +75,14 @@ def message_for(user: Any, message_id: Any, *, lock: bool = False) -> Message:
 
 def conversations_of(user: Any, search: str = "") -> QuerySet[Conversation]:
     """Newest activity first, each with ``streaming``: whether an answer of it is streaming
-    now (one subquery, not a query per conversation); ``search`` filters by title."""
+    now (one subquery, not a query per conversation); ``search`` filters by title. A
+    search longer than a title can be is in none, and is not sent to the database (a
+    search cut to that length would find titles that hold only its start)."""
     streaming = Message.objects.filter(conversation=OuterRef("pk"), status=Status.STREAMING)
     conversations = Conversation.objects.filter(owner=user)
-    if search:
+    if len(search) > TITLE_CHARS:
+        conversations = conversations.none()
+    elif search:
         conversations = conversations.filter(title__icontains=search)
     return conversations.annotate(streaming=Exists(streaming)).order_by("-updated_at")
 

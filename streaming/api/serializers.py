@@ -24,7 +24,7 @@ from rest_framework import serializers
 from streaming import params, representation
 from streaming.branches import Tree, sibling_ids
 from streaming.errors import too_long
-from streaming.models import Conversation, Message, Segment
+from streaming.models import TITLE_CHARS, Conversation, Message, Segment
 from streaming.termination import Status
 
 
@@ -111,7 +111,7 @@ class ConversationSerializer(StrictFields, serializers.ModelSerializer):
         ]  # fmt: skip
         read_only_fields = ["id", "title_source", "created_at", "updated_at"]
         extra_kwargs = {
-            "title": {"required": False, "max_length": 200},
+            "title": {"required": False, "max_length": TITLE_CHARS},
             "system_prompt": {"required": False, "max_length": settings.MAX_MESSAGE_CHARS},
             "model": {
                 "required": False,

@@ -149,7 +149,7 @@ class ConversationList(JSONView, generics.ListCreateAPIView):
         if not is_storable(search):
             # No title holds one, and PostgreSQL refuses NUL in any text it is given.
             raise InvalidParams(UNSTORABLE, field="search")
-        return selectors.conversations_of(self.request.user, search[:200])
+        return selectors.conversations_of(self.request.user, search)
 
     def perform_create(self, serializer: BaseSerializer[Any]) -> None:
         serializer.instance = services.create_conversation(

@@ -107,6 +107,11 @@ def test_a_new_conversation_is_made_with_its_first_message_or_not_at_all(daphne,
         ]
         found = api.get("/api/conversations/", params={"search": "first"}).json()["results"]
         assert [c["title"] for c in found] == ["First line"]
+        # A search longer than any title is in none, not cut to a title's length.
+        whole = new_conversation(api, title="t" * 200)
+        for search, titles in (("t" * 200, [whole]), ("t" * 201, []), ("t" * 200 + "x", [])):
+            found = api.get("/api/conversations/", params={"search": search}).json()["results"]
+            assert [c["id"] for c in found] == titles, len(search)
         api.post(f"/api/messages/{answer['id']}/cancel/")
         detail = api.get(f"/api/conversations/{answer['conversation']}/").json()
         assert detail["streaming"] is False
