@@ -25,8 +25,9 @@ OK = "ok"
 
 # While the database is away a check can block for the connection pool's whole timeout.
 # So it runs in a daemon thread of its own, one at a time: probes every few seconds never
-# tie up the threads that serve requests, and a blocked check never delays shutdown.
-_database_probe: threading.Thread | None = None
+# tie up the threads that serve requests, and a blocked check never delays shutdown. A
+# probe that comes while a check runs waits for that check's answer (``_database``).
+_database_check: asyncio.Future[None] | None = None
 
 
 def _answer(body: dict[str, object], status: int) -> JsonResponse:
@@ -48,20 +49,16 @@ def _select_one() -> None:
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():  # the check timed out meanwhile
-        return
     if error is None:
         future.set_result(None)
     else:
         future.set_exception(error)
 
 
-async def _database() -> None:
-    global _database_probe
-    if _database_probe is not None and _database_probe.is_alive():
-        raise TimeoutError("the previous check is still waiting")
-    loop = asyncio.get_running_loop()
+def _start_database_check(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
     answered: asyncio.Future[None] = loop.create_future()
+    # Its error is read even when every probe waiting for it gave up first.
+    answered.add_done_callback(lambda done: done.cancelled() or done.exception())
 
     def probe() -> None:
         error: BaseException | None = None
@@ -72,9 +69,21 @@ async def _database() -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
             loop.call_soon_threadsafe(_settle, answered, error)
 
-    _database_probe = threading.Thread(target=probe, name="readyz-database", daemon=True)
-    _database_probe.start()
-    await answered
+    threading.Thread(target=probe, name="readyz-database", daemon=True).start()
+    return answered
+
+
+async def _database() -> None:
+    """The database's answer to ``SELECT 1``: the check running now, else a new one.
+    Probes overlap (the load balancer's, every open chat page's), and one that came while
+    a check ran was told the database was down; each probe waits for the answer within
+    its own timeout, which leaves the check running for the next probe (``shield``)."""
+    global _database_check
+    loop = asyncio.get_running_loop()
+    check = _database_check
+    if check is None or check.done() or check.get_loop() is not loop:
+        check = _database_check = _start_database_check(loop)
+    await asyncio.shield(check)
 
 
 async def _engine() -> None:
