@@ -99,8 +99,9 @@ class OpenAIConsumer(TaskedHttpConsumer):
             if allowed_host(self.scope) is None:
                 await self.error(400, "invalid", REFUSED)
                 return
-            if self.scope["method"] != self.method:
-                allow = [(b"allow", self.method.encode())]
+            if self.scope["method"] not in self._methods():
+                taken = ", ".join(self._methods())
+                allow = [(b"allow", taken.encode())]
                 await self.error(405, "method_not_allowed", f"use {self.method}", allow)
                 return
             user = await authenticate(self.scope)
@@ -124,6 +125,11 @@ class OpenAIConsumer(TaskedHttpConsumer):
             elif not self.replied:
                 await self.error(500, "server_error", "internal server error")
 
+    def _methods(self) -> tuple[str, ...]:
+        """The methods taken: a GET's resource answers HEAD too, as HTTP has every one
+        (RFC 9110, section 9.3.2), with the headers of its GET and no body."""
+        return (self.method, "HEAD") if self.method == "GET" else (self.method,)
+
     async def respond(self, user: Any, body: bytes) -> None:
         raise NotImplementedError
 
@@ -138,6 +144,8 @@ class OpenAIConsumer(TaskedHttpConsumer):
         # left the client waiting for ever).
         body = json.dumps(document, ensure_ascii=False).encode()
         self.replied = True
+        if self.scope["method"] == "HEAD":
+            body = b""
         await self.send_response(status, body, headers=[JSON, *(headers or [])])
 
     async def refuse(

@@ -282,7 +282,14 @@ def test_errors_are_openai_shaped_and_name_the_field(daphne, account):
         assert str(invalid.value).startswith(f"Error code: 400 - {param}: "), str(invalid.value)
     with client(server, account.token) as api:
         assert api.get("/api/conversations/").json()["count"] == 0, "refused calls leave nothing"
-        assert_error(api.get("/v1/chat/completions"), 405, "method_not_allowed")
+        refused = api.get("/v1/chat/completions")
+        assert_error(refused, 405, "method_not_allowed")
+        assert refused.headers["allow"] == "POST"
+        # A GET's resource answers HEAD (no body), and says so when refusing another method.
+        head = api.head("/v1/models")
+        assert (head.status_code, head.content) == (200, b""), head
+        assert head.headers["content-type"].startswith("application/json")
+        assert api.post("/v1/models", json={}).headers["allow"] == "GET, HEAD"
         # A URL no route takes, under /v1/, in the same shape as every /v1 answer.
         for path in ("/v1/nope", "/v1/chat/completions/"):
             error = assert_error(api.get(path), 404, "not_found")
