@@ -132,7 +132,10 @@ class JSONView(APIView):
             raise PayloadTooLarge(too_large_detail(limit))
         if request.method not in SAFE_METHODS:
             data = request.data  # parse now: a bad body is a 400 whatever the view
-            if request.method not in self.body_methods and data:
+            # Nothing, or ``{}``: a body that is no object (``[]``, ``null``, ``""``) is
+            # refused as one with a key is, though it is as empty.
+            nothing = isinstance(data, dict) and not data
+            if request.method not in self.body_methods and not nothing:
                 field = sorted(data)[0] if isinstance(data, dict) else "body"
                 message = "takes no body" if field == "body" else params.unknown_field(field)
                 raise ValidationError({field: [message]})

@@ -366,6 +366,10 @@ def test_delete_removes_messages_and_logs_and_stops_the_answer(daphne, account):
         url = f"/api/conversations/{conversation}/"
         refused = api.request("DELETE", url, json={"confirm": False})
         assert_error(refused, 400, "invalid", "confirm")
+        json_type = {"content-type": "application/json"}
+        for other in (b"[]", b"null", b'""', b"0", b"false"):  # as empty as `{}`: no object
+            sent = api.request("DELETE", url, content=other, headers=json_type)
+            assert_error(sent, 400, "invalid", "body")
         assert api.get(url).status_code == 200
         response = api.delete(url)
         assert response.status_code == 204, response.text
