@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -146,11 +146,17 @@ def has_more(state: MessageState, after: int) -> bool:
 
 
 def snapshot(
-    state: MessageState, after: int, content: str, reasoning: str = ""
+    state: MessageState,
+    after: int,
+    content: str,
+    reasoning: str = "",
+    tool_calls: Sequence[dict[str, Any]] = (),
+    model: str = "",
 ) -> list[events.Event]:
-    """Events rebuilt from the database (``content`` and ``reasoning``: the stored text
-    and reasoning, read only for a reader from the beginning) when the log of a finished
-    message expired."""
+    """Events rebuilt from the database when the log of a finished message expired: for
+    a reader from the beginning, everything its record holds (``content``,
+    ``reasoning``, ``tool_calls`` in OpenAI's shape, the ``model`` that wrote it), as the
+    log would have given it; a reader resuming mid-way is told the log is gone."""
     seq = state.last_seq
     if after > 0:
         return [
@@ -162,10 +168,25 @@ def snapshot(
             ),
             events.done(seq, segment=-1, termination=state.termination),
         ]
-    texts = stored_texts(content, reasoning, seq - 1)
-    first = texts[0]["seq"] if texts else seq
-    start = events.start(max(first - 1, 0), message_id=state.id, segment=0, model="")
-    return [start, *texts, events.done(seq, segment=-1, termination=state.termination)]
+    # The calls come last, as a model makes them after its text; each takes a seq of the
+    # log's (every call had one piece at least there, so they fit below the `done`).
+    calls = [
+        events.tool_call(
+            0,
+            index=index,
+            id=call.get("id", ""),
+            name=call.get("function", {}).get("name", ""),
+            arguments=call.get("function", {}).get("arguments", ""),
+        )
+        for index, call in enumerate(tool_calls)
+    ]
+    texts = stored_texts(content, reasoning, seq - 1 - len(calls))
+    for offset, call in enumerate(calls):
+        call["seq"] = seq - len(calls) + offset
+    body = [*texts, *calls]
+    first = body[0]["seq"] if body else seq
+    start = events.start(max(first - 1, 0), message_id=state.id, segment=0, model=model)
+    return [start, *body, events.done(seq, segment=-1, termination=state.termination)]
 
 
 def stored_texts(content: str, reasoning: str, last_seq: int) -> list[events.Event]:
@@ -367,9 +388,9 @@ class Subscription:
             stored = await database.run(_persisted, self.state.id)
             if stored is None:
                 return [deleted_done(self.cursor)]
-            content, reasoning, last_seq = stored
+            content, reasoning, last_seq, tool_calls, model = stored
             if self.state.final:
-                return snapshot(self.state, 0, content, reasoning)
+                return snapshot(self.state, 0, content, reasoning, tool_calls, model)
             texts = stored_texts(content, reasoning, last_seq)
             if last_seq >= first - 1 and texts and texts[0]["seq"] >= 2:
                 start = events.start(1, message_id=self.state.id, segment=0, model="")
@@ -393,14 +414,15 @@ class Subscription:
         logged = await log.read(message_id, self.cursor, limit=page)
         if not logged:
             if has_more(self.state, self.cursor):
-                content = reasoning = ""
+                record: tuple[Any, ...] = ("", "", 0, [], "")
                 if self.cursor == 0:
                     stored = await database.run(_persisted, message_id)
                     if stored is None:
                         yield [deleted_done(self.cursor)]
                         return
-                    content, reasoning, _ = stored
-                yield snapshot(self.state, self.cursor, content, reasoning)
+                    record = stored
+                content, reasoning, _, tool_calls, model = record
+                yield snapshot(self.state, self.cursor, content, reasoning, tool_calls, model)
             return
         cursor = self.cursor
         # The record is committed before its `done` is appended, so a reader can find the
@@ -503,8 +525,9 @@ def _record(message_id: str) -> tuple[Any, ...] | None:
 
 def _persisted(message_id: str) -> tuple[Any, ...] | None:
     """The message's stored text and reasoning, and the seq they reach (written together,
-    write-behind)."""
-    return _columns(message_id, "content", "reasoning", "last_seq")
+    write-behind); then its tool calls and model, which only a finished message's record
+    holds whole (a replay from the record gives them)."""
+    return _columns(message_id, "content", "reasoning", "last_seq", "tool_calls", "model")
 
 
 async def wait_until_ended(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
+import redis
 
 from tests.support.clients import (
     SSEEvent,
@@ -140,3 +143,39 @@ async def test_an_answer_streaming_here_is_its_owners_alone(daphne, account, oth
                 assert resumed.status_code == 200
                 first = await anext(e async for e in iter_sse(resumed) if isinstance(e, SSEEvent))
                 assert first.data["seq"] > 1 and first.data["type"] == "delta"
+
+
+async def test_a_replay_from_the_record_holds_its_tool_calls_and_model(
+    daphne, account, needs_redis
+):
+    """A finished answer whose log expired (dropped here, as its TTL would) is replayed
+    from its record: its tool call and the model that wrote it come as they streamed.
+    The call was left out (a `done` saying `tool_calls` after none) and the model blank."""
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        conversation = await create_conversation(client, account.token)
+        call = {"name": "get_weather", "arguments": '{"city":"Paris"}'}
+        message = await post_message(
+            client, account.token, conversation, "hi",
+            simulation={"ttft_ms": 0, "reasoning": "I think", "tool_call": call},
+        )  # fmt: skip
+        live = [e.data for e in (await read_sse(client, account.token, message["id"])).events]
+        from streaming.streamlog.redis import stream_key
+
+        with redis.Redis.from_url(os.environ["REDIS_URL"]) as log:
+            assert log.delete(stream_key(message["id"])) == 1
+        replayed = [e.data for e in (await read_sse(client, account.token, message["id"])).events]
+        ws = await ChatSocket.connect(server.ws_url, account.token)
+        await ws.send({"type": "subscribe", "message_id": message["id"]})
+        over_ws = await ws.recv_until("done", message["id"])
+        await ws.close()
+    calls = [e for e in replayed if e["type"] == "tool_call"]
+    assert [(c["id"], c["name"], c["arguments"]) for c in calls] == [
+        (next(e["id"] for e in live if e["type"] == "tool_call"), call["name"], call["arguments"])
+    ]
+    assert replayed[0]["model"] == live[0]["model"] == "simulated"
+    assert [e["type"] for e in replayed] == ["start", "reasoning", "tool_call", "done"]
+    assert replayed[-1]["finish_reason"] == "tool_calls"
+    assert [f for f in over_ws if f.get("type") == "tool_call"] == [
+        {**calls[0], "message_id": message["id"]}
+    ]

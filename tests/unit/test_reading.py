@@ -135,6 +135,31 @@ def test_a_snapshot_rebuilds_the_answer_from_the_record() -> None:
     assert [e["type"] for e in snapshot(empty, 0, "")] == [events.START, events.DONE]
 
 
+def test_a_snapshot_gives_every_part_of_the_record_as_the_log_did() -> None:
+    """Reasoning, text and each tool call (whole, by its index in the record), under
+    the model that wrote them: a replay from the record lost the calls (a `done` saying
+    `tool_calls` with none before it) and the model."""
+    ended = {**ENDED, "finish_reason": "tool_calls"}
+    finished = state(Status.COMPLETE.value, last_seq=12, termination=ended)
+    calls = [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{}"}},
+    ]
+    assert snapshot(finished, 0, "Hi", "think", calls, "m") == [
+        events.start(7, message_id=finished.id, segment=0, model="m"),
+        events.reasoning(8, "think"),
+        events.delta(9, "Hi"),
+        events.tool_call(10, index=0, id="call_1", name="f", arguments='{"a":1}'),
+        events.tool_call(11, index=1, id="call_2", name="g", arguments="{}"),
+        events.done(12, segment=-1, termination=ended),
+    ]
+    rebuilt = events.ToolCalls()
+    for event in snapshot(finished, 0, "", "", calls):
+        if event["type"] == events.TOOL_CALL:
+            rebuilt.add(event)
+    assert rebuilt.as_list() == calls
+
+
 def test_a_snapshot_for_a_resume_says_the_log_expired() -> None:
     finished = state(Status.COMPLETE.value, last_seq=9, termination=ENDED)
     error, done = snapshot(finished, 4, "")
