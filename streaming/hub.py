@@ -235,6 +235,19 @@ class Hub:
         self._release(topic)
 
     # --- the reading side -----------------------------------------------------------
+    def published(self, message_id: str) -> int | None:
+        """The newest seq the generation of ``message_id`` in this process has published
+        (the seq before its segment's first while it has published nothing), which every
+        event it wrote to the log reaches once the log confirmed it; None when no
+        generation here publishes it."""
+        topic = self.topics.get(message_id)
+        if topic is None or not topic.local:
+            return None
+        if topic.events:
+            seq: int = topic.events[-1]["seq"]
+            return seq
+        return (topic.first_seq or 1) - 1
+
     def newer_than(self, message_id: str, seq: int) -> list[Event]:
         """The events after ``seq`` this process holds now (no log read, no wait)."""
         topic = self.topics.get(message_id)

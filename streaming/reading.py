@@ -366,7 +366,9 @@ class Subscription:
         nothing and its stream closes when the answer ends (the reconnect then gets its
         end, as one past a finished message's). Every event a reader was given is in
         the log first (the outbox publishes after the append), or still in this
-        process's topic; a log that holds nothing (Redis restarted empty) is no word."""
+        process's topic. A log that holds nothing is no word of its own (Redis restarted
+        empty, or the answer's first append is still on its way): then a generation in
+        this process says how far it has got, and elsewhere the cursor is taken as is."""
         if self.state.final or self.cursor <= self.state.last_seq:
             return False
         if self.hub.newer_than(self.state.id, self.cursor - 1):
@@ -375,7 +377,13 @@ class Subscription:
             newest = await self.log.last_seq(self.state.id)
         except Exception:
             return False  # the log cannot say now (Redis away): read as before
-        return 0 < newest < self.cursor
+        if newest == 0:
+            # A reader asking right after the post, on the process that was asked, came
+            # before the `start` reached the log, and was given what came after its
+            # made-up cursor with the events before it silently missing.
+            published = self.hub.published(self.state.id)
+            return published is not None and published < self.cursor
+        return newest < self.cursor
 
     async def _bridge(self, batch: list[events.Event]) -> list[events.Event]:
         """The log does not go back to the reader's cursor (Redis lost data, or a finished

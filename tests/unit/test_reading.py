@@ -274,6 +274,49 @@ async def test_a_cursor_past_every_event_of_a_live_answer_gets_nothing_of_it(
     assert await asyncio.wait_for(following, HANG) == [[done]]
 
 
+async def test_a_cursor_past_a_local_answer_that_has_not_reached_the_log_gets_nothing(
+    parts: Parts,
+) -> None:
+    """Asked for right after the post, in the process generating it, before its `start`
+    reached the log: the log holds nothing, which says nothing, but the generation here
+    knows it has published nothing past the cursor. The reader was given every event
+    after it, the ones before it silently missing."""
+    attached = asyncio.Event()
+    attach = parts.presence.attach
+
+    async def attaching(*args: Any, **kwargs: Any) -> Any:
+        shared = await attach(*args, **kwargs)
+        attached.set()
+        return shared
+
+    parts.presence.attach = attaching  # type: ignore[method-assign]
+
+    async def read_local(published: int, after: int) -> list[list[events.Event]]:
+        """A reader from ``after`` of an answer generated here that has published its
+        first ``published`` events (none of them in the log yet), while the answer goes
+        on to its end."""
+        message = state()
+        mid = message.id
+        parts.hub.open_local(mid, 1)
+        parts.hub.publish(mid, opening(mid)[:published])
+        attached.clear()
+        reading = asyncio.create_task(frames_of(parts.subscribe(message, after)))
+        await asyncio.wait_for(attached.wait(), HANG)
+        rest = opening(mid)[published:]
+        rest += [events.delta(5, "d"), events.done(6, segment=0, termination=ENDED)]
+        await parts.log.append(mid, [*opening(mid)[:published], *rest])
+        parts.hub.publish(mid, rest)
+        parts.hub.close_local(mid)
+        return await asyncio.wait_for(reading, HANG)
+
+    assert await read_local(0, 3) == []
+    # A cursor the answer here has published is followed, though the log holds nothing
+    # (restarted empty: the generation puts its events back).
+    frames = await read_local(3, 2)
+    assert "".join(e.get("text", "") for frame in frames for e in frame) == "bcd"
+    assert frames[-1][-1]["type"] == events.DONE
+
+
 async def test_a_frame_keeps_the_order_of_events_it_merges(parts: Parts) -> None:
     message = state()
     mid = message.id
