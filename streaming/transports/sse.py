@@ -37,12 +37,17 @@ STREAM_HEADERS = [*eventstream.HEADERS, (b"vary", b"Authorization, Cookie")]
 
 
 def cursor_of(scope: dict[str, Any]) -> int:
-    """``Last-Event-ID`` wins over ``?after=``; an empty header falls back to the query."""
+    """``Last-Event-ID`` wins over ``?after=``; an empty header falls back to the query.
+    Each names one cursor: a header sent twice is its values joined (``header``), and so
+    is a parameter given twice, which no cursor reads as; an empty ``after=`` is none
+    either. Both were taken for something else: the last ``after`` (a bad one before it
+    unheard) and, empty, the start of the answer."""
     raw = header(scope, b"last-event-id")
     if raw is not None and raw.strip(PADDING):
         return parse_cursor(raw, "Last-Event-ID", text=True)
-    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("after")
-    return parse_cursor(values[-1], "after", text=True) if values else 0
+    query = scope.get("query_string", b"").decode("latin-1")
+    values = parse_qs(query, keep_blank_values=True).get("after")
+    return parse_cursor(",".join(values), "after", text=True) if values else 0
 
 
 class MessageStreamConsumer(TaskedHttpConsumer):

@@ -91,6 +91,30 @@ async def test_header_wins_over_query_and_blank_header_falls_back(daphne, accoun
         assert empty.status_code == 204, "an empty header falls back to ?after="
 
 
+async def test_an_after_parameter_names_one_cursor(daphne, account):
+    """An empty ``after=``, or ``after`` given twice, names no one cursor: ``400``, as a
+    ``Last-Event-ID`` sent twice is. The empty one replayed the answer from its start,
+    and of two the last was taken, a bad one before it unheard."""
+    server = daphne()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        message = await finished_message(client, account.token)
+        url = f"/api/messages/{message['id']}/stream/"
+        end = message["last_seq"]
+        for query in ("after=", f"after=x&after={end}", f"after={end}&after={end}", "after"):
+            refused = await client.get(f"{url}?{query}", headers=auth(account.token))
+            assert refused.status_code == 400, (query, refused.status_code)
+            assert refused.json()["error"]["code"] == "invalid_cursor"
+            assert refused.json()["error"]["field"] == "after"
+        twice = await client.get(
+            url,
+            headers=[*auth(account.token).items(), ("Last-Event-ID", "1"), ("Last-Event-ID", "2")],
+        )
+        assert twice.status_code == 400
+        assert twice.json()["error"]["field"] == "Last-Event-ID"
+        one = await client.get(f"{url}?after={end}&other=1", headers=auth(account.token))
+        assert one.status_code == 204
+
+
 async def test_cursors_at_or_beyond_the_end_of_a_finished_message_answer_204(daphne, account):
     server = daphne()
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
