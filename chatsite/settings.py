@@ -211,7 +211,7 @@ SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 1024 * 1024)
-# Seconds a request has to arrive whole, from its first line to its body's last byte: a
+# Seconds a request has to arrive whole, from its first byte to its body's last byte: a
 # client that trickles it, a byte at a time, held its connection for ever (every byte put
 # Twisted's 60 s idle clock back). nginx's client_header_timeout and client_body_timeout.
 HTTP_REQUEST_TIMEOUT = env_float("HTTP_REQUEST_TIMEOUT", 60.0)

@@ -170,7 +170,7 @@ CHANNEL_ATTRIBUTES = (
     "_respondToBadRequestAndDisconnect",
     "allHeadersReceived",
     "allContentReceived",
-    "lineReceived",
+    "dataReceived",
     "connectionLost",
     "callLater",
     "lineLengthExceeded",
@@ -947,7 +947,7 @@ def install_clear_refusals() -> bool:
 
     headers_received = channel.allHeadersReceived
     content_received = channel.allContentReceived
-    line_received = channel.lineReceived
+    data_received = channel.dataReceived
     connection_lost = channel.connectionLost
 
     def _late(self: Any) -> None:
@@ -963,14 +963,17 @@ def install_clear_refusals() -> bool:
             if deadline.active():
                 deadline.cancel()
 
-    def lineReceived(self: Any, line: bytes) -> None:
-        # A request's first line starts its clock (a line between requests is its own).
+    def dataReceived(self: Any, data: bytes) -> None:
+        # A request's first byte starts its clock, not its first whole line: a client
+        # trickling the request line held the connection for as long as the line stayed
+        # under MAX_LENGTH. Bytes that arrive while a request is handled are kept by
+        # Twisted and handed back here once it is answered, starting the next one's.
         idle = not getattr(self, "_handlingRequest", False)
-        if getattr(self, "_request_deadline", None) is None and idle:
+        if data and getattr(self, "_request_deadline", None) is None and idle:
             seconds = settings.HTTP_REQUEST_TIMEOUT
             if seconds:
                 self._request_deadline = self.callLater(seconds, functools.partial(_late, self))
-        line_received(self, line)
+        data_received(self, data)
 
     def connectionLost(self: Any, reason: Any) -> None:
         _stop_deadline(self)
@@ -1024,7 +1027,7 @@ def install_clear_refusals() -> bool:
     channel.lineLengthExceeded = lineLengthExceeded
     channel.allHeadersReceived = allHeadersReceived
     channel.allContentReceived = allContentReceived
-    channel.lineReceived = lineReceived
+    channel.dataReceived = dataReceived
     channel.connectionLost = connectionLost
     channel.clear_refusals = True
     metrics.SERVER_HOOKS.labels(hook=CLEAR_REFUSALS).set(1)

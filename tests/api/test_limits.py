@@ -219,6 +219,15 @@ def test_a_request_trickled_in_is_refused_once_its_time_is_up(daphne):
     assert head.startswith(b"HTTP/1.1 408 ") and error["code"] == "request_timeout", head
 
 
+def test_a_request_line_trickled_in_is_refused_once_its_time_is_up(daphne):
+    """The clock started at the request's first whole line, so a client trickling the
+    line itself (no line end yet, a byte at a time) held its connection for as long as
+    the line stayed under Twisted's 16 KiB: a 408 once ``HTTP_REQUEST_TIMEOUT`` has
+    passed since its first byte, as for the rest of the request."""
+    head, error = refusal(daphne(HTTP_REQUEST_TIMEOUT="1"), b"GET /api/conversations/?q=")
+    assert head.startswith(b"HTTP/1.1 408 ") and error["code"] == "request_timeout", head
+
+
 def test_every_refusal_before_the_application_is_the_error_object_in_openais_shape_on_v1(
     daphne,
 ):

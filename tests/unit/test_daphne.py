@@ -363,7 +363,8 @@ def test_a_request_twisted_refuses_is_told_why(raw: bytes, status: int, code: st
 def test_a_request_that_does_not_arrive_whole_in_time_is_told_so() -> None:
     """A client that trickles its request (headers or body, a byte at a time: each byte
     put Twisted's idle clock back) gets a 408 once ``HTTP_REQUEST_TIMEOUT`` has passed
-    since its first line; one that arrived whole in time is served."""
+    since its first byte (a request line trickled without its line end too); one that
+    arrived whole in time is served."""
     from twisted.internet.task import Clock
     from twisted.internet.testing import StringTransport
     from twisted.web import http
@@ -377,6 +378,7 @@ def test_a_request_that_does_not_arrive_whole_in_time_is_told_so() -> None:
 
     for raw, late in (
         (b"GET / HTTP/1.1\r\nHost: h\r\nX-Slow: a", True),
+        (b"GET /?q=", True),
         (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n{}", True),
         (b"GET / HTTP/1.1\r\nHost: h\r\n\r\n", False),
     ):
