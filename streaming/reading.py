@@ -102,6 +102,24 @@ class SendBuffer(Protocol):
     def pending(self) -> int | None: ...
 
 
+async def drained(probe: SendBuffer | None, deadline: float | None = None) -> bool:
+    """Return once the connection may be written to: at once while its unsent bytes are
+    at most ``SEND_BUFFER_LIMIT`` (or cannot be known), else once they are back to half
+    of it, so a client that does not read is written no more. False when the
+    ``time.monotonic()`` ``deadline`` passed first (None: no deadline)."""
+    if probe is None:
+        return True
+    limit = streaming_settings.SEND_BUFFER_LIMIT
+    pending = probe.pending()
+    if pending is None or pending <= limit:
+        return True
+    while (pending := probe.pending()) is not None and pending > limit // 2:
+        if deadline is not None and time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(DRAIN_POLL)
+    return True
+
+
 @dataclass(slots=True)
 class MessageState:
     """What the reader needs to know about the message before it subscribes.
@@ -467,20 +485,13 @@ class Subscription:
         return event["type"] == events.DONE and int(event["seq"]) > self.ends_after
 
     async def _wait_for_client(self) -> None:
-        probe = self.send_buffer
-        if probe is None:
-            return
-        pending = probe.pending()
-        limit = streaming_settings.SEND_BUFFER_LIMIT
-        if pending is None or pending <= limit:
-            return
         deadline = time.monotonic() + streaming_settings.SLOW_CONSUMER_TIMEOUT
-        while (pending := probe.pending()) is not None and pending > limit // 2:
-            if time.monotonic() > deadline:
-                self.metrics.slow_consumer_closes.inc()
-                self.ended_status = "slow_consumer"
-                raise SlowConsumer(f"{pending} bytes unread for too long")
-            await asyncio.sleep(DRAIN_POLL)
+        if not await drained(self.send_buffer, deadline):
+            self.metrics.slow_consumer_closes.inc()
+            self.ended_status = "slow_consumer"
+            raise SlowConsumer(
+                f"over {streaming_settings.SEND_BUFFER_LIMIT} bytes unread for too long"
+            )
 
     def _observe(self, merged: list[events.Event]) -> None:
         now = time.monotonic()

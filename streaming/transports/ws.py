@@ -36,7 +36,14 @@ from streaming.ids import spelled_as_paths_take
 from streaming.jsonbody import InvalidJSON, decode_json
 from streaming.logcontext import stream_context
 from streaming.params import unknown_field
-from streaming.reading import MessageState, SlowConsumer, Subscription, has_more, parse_cursor
+from streaming.reading import (
+    MessageState,
+    SlowConsumer,
+    Subscription,
+    drained,
+    has_more,
+    parse_cursor,
+)
 from streaming.services import (
     Exchange,
     answer_made,
@@ -603,6 +610,9 @@ class ChatConsumer(LoopWebsocketConsumer):
 
     async def _feed(self, listener: Listener) -> None:
         while True:
+            # Not written while the client does not read: the events then wait in the
+            # listener's bounded queue, and those past it are dropped (``feed_lagging``).
+            await drained(self.send_buffer)
             event = await listener.get()
             await self._send_json({"type": "feed", **event})
             if listener.lagging and listener.queue.empty():

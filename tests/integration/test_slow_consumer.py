@@ -11,8 +11,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from streaming.feed import FEED_QUEUE
 from tests.support.clients import auth, create_conversation, post_message, read_sse, text_of
-from tests.support.rawsocket import masked_text_frame, upgraded
+from tests.support.rawsocket import masked_text_frame, server_frames, upgraded
 
 pytestmark = pytest.mark.asyncio
 
@@ -156,3 +157,49 @@ async def test_a_socket_that_reads_no_replies_is_not_read_further(daphne):
     finally:
         sock.close()
     assert accepted < 16 * 1024 * 1024, f"the server read {accepted} bytes it could not answer"
+
+
+async def test_a_socket_that_reads_not_its_feed_is_sent_no_more_of_it(daphne, account):
+    """A socket following its user's feed that stops reading is written no more once
+    what waits for it is over the send buffer's limit: the feed's events then wait in its
+    bounded queue, and those past it are dropped and told (``feed_lagging``) once it
+    reads again. Every event was written at once, so the process held all of them for a
+    socket that read none."""
+    server = daphne(send_buffer=4096, STREAM_SEND_BUFFER_LIMIT="2048")
+    sock = upgraded(server.port, account.token, receive_buffer=4096)
+    sock.sendall(masked_text_frame(json.dumps({"type": "subscribe", "topic": "user"}).encode()))
+    loop = asyncio.get_running_loop()
+    sock.setblocking(False)
+    received = b""
+
+    async def frames() -> list[dict]:
+        nonlocal received
+        received += await loop.sock_recv(sock, 65536)
+        whole, received = server_frames(received)
+        return [json.loads(payload) for opcode, payload in whole if opcode == 1]
+
+    async with asyncio.timeout(30):
+        while {"type": "subscribed", "topic": "user"} not in await frames():
+            pass
+    renames = 2 * FEED_QUEUE
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as api:
+        conversation = await create_conversation(api, account.token)
+        for n in range(renames):
+            title = "last" if n == renames - 1 else f"title {n} " + "x" * 100
+            renamed = await api.patch(
+                f"/api/conversations/{conversation}/", json={"title": title},
+                headers=auth(account.token),
+            )  # fmt: skip
+            assert renamed.status_code == 200, renamed.text
+    feed: list[dict] = []
+    try:
+        async with asyncio.timeout(30):
+            while not (
+                feed and (feed[-1].get("code") == "feed_lagging" or feed[-1].get("title") == "last")
+            ):
+                feed += [f for f in await frames() if f["type"] in ("feed", "error")]
+    finally:
+        sock.close()
+    updates = [f for f in feed if f.get("event") == "conversation.updated"]
+    assert feed[-1].get("code") == "feed_lagging", f"all {len(updates)} renames were written"
+    assert len(updates) < renames

@@ -38,3 +38,20 @@ def upgraded(
     )
     assert sock.recv(4096).startswith(b"HTTP/1.1 101")
     return sock
+
+
+def server_frames(data: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
+    """The whole frames a server sent at the start of ``data`` (unmasked: RFC 6455 5.1),
+    as ``(opcode, payload)``, and the bytes of a frame not whole yet."""
+    frames = []
+    while len(data) >= 2:
+        size, start = data[1] & 0x7F, 2
+        if size == 126:
+            size, start = int.from_bytes(data[2:4], "big"), 4
+        elif size == 127:
+            size, start = int.from_bytes(data[2:10], "big"), 10
+        if len(data) < start + size:
+            break
+        frames.append((data[0] & 0x0F, data[start : start + size]))
+        data = data[start + size :]
+    return frames, data
