@@ -100,7 +100,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
 
 def _wants_json(request: HttpRequest) -> bool:
-    return request.path.startswith(JSON_PREFIXES)
+    """Whether a request is answered as the API: under one of ``JSON_PREFIXES``, or one
+    of them spelt without its slash (``/api``, ``/v1``: no HTML page for a client that
+    missed the API's path by its last character)."""
+    path = request.path
+    return path.startswith(JSON_PREFIXES) or f"{path}/" in JSON_PREFIXES
 
 
 def _json(request: HttpRequest, status_code: int, message: str) -> JsonResponse:

@@ -398,3 +398,6 @@ def test_a_url_without_its_slash_is_named_with_it(daphne, account):
             error = assert_error(api.get(path), 404, "not_found")
             assert error["message"] == f"not found; the URL ends with a slash: {path}/", error
         assert assert_error(api.get("/api/nothing/here"), 404)["message"] == "not found"
+        # The API's prefixes spelt without their slash: the error object, not a page.
+        for path in ("/api", "/v1"):
+            assert assert_error(api.get(path), 404)["message"] == "not found"
