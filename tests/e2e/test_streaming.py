@@ -169,7 +169,10 @@ def test_escape_while_a_continue_is_on_its_way_stops_it_once_started(open_chat):
     with page.expect_request("**/continue/"):
         answer.get_by_role("button", name="Continue").click()
     page.get_by_label("Message", exact=True).press("Escape")
-    held[0].continue_()
+    # The Stop goes once the Continue has answered: awaited, so the record read after is
+    # not the one from before the Continue reached the server (cancelled, one segment).
+    with page.expect_response("**/cancel/"):
+        held[0].continue_()
     stopped = chat.wait_for_server_status(answer, "cancelled")
     assert len(stopped["segments"]) == 2, "the Continue started, then was stopped"
     expect(answer).to_have_attribute("data-status", "cancelled")
