@@ -187,6 +187,20 @@ class Parts:
             self.hub, self.log, self.presence, message, after, TRANSPORT, send_buffer
         )
 
+    def attaches(self) -> asyncio.Event:
+        """An event set each time a reader has attached (and so read where the answer is):
+        what a test awaits before it moves the answer on."""
+        attached = asyncio.Event()
+        attach = self.presence.attach
+
+        async def attaching(*args: Any, **kwargs: Any) -> Any:
+            shared = await attach(*args, **kwargs)
+            attached.set()
+            return shared
+
+        self.presence.attach = attaching  # type: ignore[method-assign]
+        return attached
+
 
 @pytest.fixture
 def parts() -> Iterator[Parts]:
@@ -249,15 +263,7 @@ async def test_a_cursor_past_every_event_of_a_live_answer_gets_nothing_of_it(
     message = state()
     mid = message.id
     await parts.log.append(mid, opening(mid))
-    attached = asyncio.Event()  # once attached, it has read where the answer is
-    attach = parts.presence.attach
-
-    async def attaching(*args: Any, **kwargs: Any) -> Any:
-        shared = await attach(*args, **kwargs)
-        attached.set()
-        return shared
-
-    parts.presence.attach = attaching  # type: ignore[method-assign]
+    attached = parts.attaches()
     reading = asyncio.create_task(frames_of(parts.subscribe(message, 6)))
     await asyncio.wait_for(attached.wait(), HANG)
     await parts.log.append(mid, [events.delta(5, "d"), events.delta(6, "e")])
@@ -281,15 +287,7 @@ async def test_a_cursor_past_a_local_answer_that_has_not_reached_the_log_gets_no
     reached the log: the log holds nothing, which says nothing, but the generation here
     knows it has published nothing past the cursor. The reader was given every event
     after it, the ones before it silently missing."""
-    attached = asyncio.Event()
-    attach = parts.presence.attach
-
-    async def attaching(*args: Any, **kwargs: Any) -> Any:
-        shared = await attach(*args, **kwargs)
-        attached.set()
-        return shared
-
-    parts.presence.attach = attaching  # type: ignore[method-assign]
+    attached = parts.attaches()
 
     async def read_local(published: int, after: int) -> list[list[events.Event]]:
         """A reader from ``after`` of an answer generated here that has published its
